@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Idempotent setup of a local virtual environment in .venv.
+#
+#   bash scripts/setup.sh [EXTRAS]      EXTRAS defaults to "knapformer,splatpainter,dev"
+#
+# torch is installed first: torch==2.13.0 (the CPU build) unless .venv already
+# holds a torch (e.g. a CUDA build you installed yourself), which is then kept.
+# Every later install runs under a constraints file pinning that torch, so no
+# dependency can swap it for a multi-GB CUDA download.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS="${1:-knapformer,splatpainter,dev}"
+PY="${PYTHON:-python3}"
+VENV=.venv
+TORCH_DEFAULT="2.13.0"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[setup] creating $VENV"
+    "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+
+torch_version() { "$VPY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true; }
+TV="$(torch_version)"
+if [ -z "$TV" ]; then
+    echo "[setup] installing torch==$TORCH_DEFAULT (CPU build) and numpy"
+    "$VPY" -m pip install --quiet "torch==$TORCH_DEFAULT" "numpy>=1.26"
+    TV="$(torch_version)"
+fi
+
+mkdir -p "$VENV/etc"
+CONSTRAINTS="$VENV/etc/constraints.txt"
+{ cat constraints/cpu.txt | grep -v '^torch=='; echo "torch==$TV"; } > "$CONSTRAINTS.tmp"
+mv "$CONSTRAINTS.tmp" "$CONSTRAINTS"
+
+# Skip the (slow) pip resolve when nothing that drives it has changed.
+STAMP="$VENV/.setup-stamp"
+WANT="$(cat pyproject.toml constraints/cpu.txt "$CONSTRAINTS" | sha256sum | cut -c1-16) $EXTRAS"
+if [ -f "$STAMP" ] && grep -qxF "$WANT" "$STAMP"; then
+    echo "[setup] $VENV up to date (torch $TV, extras: $EXTRAS)"
+    exit 0
+fi
+echo "[setup] installing the project (extras: $EXTRAS) with torch pinned to $TV"
+PIP_CONSTRAINT="$CONSTRAINTS" "$VPY" -m pip install --quiet -c "$CONSTRAINTS" -e ".[$EXTRAS]"
+"$VPY" - <<'PY'
+import importlib.metadata as m
+import numpy, torch  # noqa: F401  (fail loudly here, not in the first test)
+print(f"[setup] ok: torch {torch.__version__}, numpy {numpy.__version__}")
+PY
+echo "$WANT" >> "$STAMP"

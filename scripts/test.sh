@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up .venv (idempotent), lint, then run the whole test suite.
+# Extra arguments go to pytest, e.g.  bash scripts/test.sh -k planner
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh "knapformer,splatpainter,dev"
+V=.venv/bin
+echo "[test] ruff"
+"$V/ruff" check src tests benchmarks
+"$V/ruff" format --check src tests benchmarks
+echo "[test] pytest"
+# Fast tests in parallel first, then the slow group (still always run).
+"$V/python" -m pytest -n 2 --dist loadgroup -m "not slow" "$@"
+rc=0
+"$V/python" -m pytest -n 2 --dist loadgroup -m "slow" "$@" || rc=$?
+# Exit code 5 = no slow tests collected (e.g. with -k): not a failure.
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi

@@ -1,0 +1,3 @@
+from knapformer.cli import app
+
+app(prog_name="knapformer")

@@ -1,0 +1,25 @@
+"""The typer application that every `knapformer` sub-command registers on."""
+
+from __future__ import annotations
+
+import typer
+
+from knapformer import __version__
+
+app = typer.Typer(
+    help="KnapFormer: per-step load balancing and sequence parallelism for DiT training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def main() -> None:
+    """Run `COMMAND --help` for the options of each command."""
+
+
+@app.command()
+def version() -> None:
+    """Print the installed version."""
+    typer.echo(__version__)

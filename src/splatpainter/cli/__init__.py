@@ -1,0 +1,9 @@
+"""`splatpainter` command line: thin shells over the library.
+
+Each sub-command lives in its own module and registers itself on `app`;
+heavy imports (torch, numba) happen inside the commands so `--help` is fast.
+"""
+
+from splatpainter.cli.app import app
+
+__all__ = ["app"]

@@ -1,0 +1,3 @@
+from splatpainter.cli import app
+
+app(prog_name="splatpainter")

@@ -1,0 +1,16 @@
+import subprocess
+import sys
+
+import splatpainter
+
+
+def test_import_and_cli_help():
+    assert splatpainter.__version__
+    out = subprocess.run(
+        [sys.executable, "-m", "splatpainter.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "version" in out.stdout
