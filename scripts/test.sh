@@ -3,6 +3,9 @@
 # Extra arguments go to pytest, e.g.  bash scripts/test.sh -k planner
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# OpenMP threads (torch and numba) must sleep, not spin, while waiting: spinning threads of
+# parallel test workers starve each other on a 2-core machine.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 bash scripts/setup.sh "knapformer,splatpainter,dev"
 V=.venv/bin
 echo "[test] ruff"

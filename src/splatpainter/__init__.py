@@ -1,3 +1,28 @@
 """SplatPainter: interactive editing of 3D Gaussian Splatting assets from 2D edits."""
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+# Core types, imported on first use so `import splatpainter` (and `--help`) stays light.
+_LAZY = {
+    "GaussianAsset": "splatpainter.assets.gaussians",
+    "AssetError": "splatpainter.assets.gaussians",
+    "Camera": "splatpainter.camera",
+    "CameraError": "splatpainter.camera",
+    "orbit_cameras": "splatpainter.camera",
+    "load_asset": "splatpainter.io",
+    "save_asset": "splatpainter.io",
+    "AssetFormatError": "splatpainter.io",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'splatpainter' has no attribute {name!r}")

@@ -1,0 +1,137 @@
+"""Editing-model speed: parameters, Stage I per asset, Stage II per edit, peak memory.
+
+Scene: the procedural demo asset with --gaussians Gaussians (default 20k), default EditorConfig
+(untrained, seeded weights: speed does not depend on training), one painted edit view of
+--size x --size pixels (default 128).  Stage I is timed cold (cache cleared) per asset; a Stage II
+edit is `ModelMethod.apply` end to end (current render, compositing-weight signals, network, write
+back).  Baselines are timed on the same edit.  Medians over --repeats after one warm-up (plus
+the best run and the process CPU seconds per Stage II edit: on a shared machine the wall-clock
+median includes other load, CPU seconds / threads is what an idle machine would take).
+
+    python benchmarks/edit_speed.py [--json] [--threads 2] [--gaussians 20000] [--size 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+
+
+def _times_s(fn, repeats: int) -> list[float]:
+    fn()  # warm-up (numba kernels, allocator)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _median_s(fn, repeats: int) -> float:
+    return statistics.median(_times_s(fn, repeats))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gaussians", type=int, default=20000)
+    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--optimize-steps", type=int, default=50)
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    try:
+        import numba
+
+        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:
+        pass
+
+    from splatpainter.assets.procedural import make_demo_asset
+    from splatpainter.camera import orbit_cameras
+    from splatpainter.edit import BackprojectMethod, EditView, ModelMethod, OptimizeMethod
+    from splatpainter.model import EditorModel
+    from splatpainter.render import render
+
+    asset = make_demo_asset(args.gaussians, seed=0).asset
+    cam = orbit_cameras(asset, 4, width=args.size, height=args.size)[0]
+    img = render(asset, cam).rgb.clamp(0, 1).clone()
+    s = args.size
+    img[s // 3 : s // 2, s // 3 : s // 2] = torch.tensor([1.0, 0.0, 1.0])
+    view = EditView(cam, img)
+
+    model = EditorModel.initial()
+    method = ModelMethod(model)
+
+    def stage1() -> None:
+        model._cache.clear()
+        model.encode_asset(asset)
+
+    t_stage1 = _median_s(stage1, args.repeats)
+    state = method.initial_state(asset)
+    cpu0 = time.process_time()
+    edit_times = _times_s(lambda: method.apply(asset, [view], state), args.repeats)
+    cpu_edit = (time.process_time() - cpu0) / (args.repeats + 1)
+    t_edit = statistics.median(edit_times)
+    new, _ = method.apply(asset, [view], state)
+    changed = int((new.sh != asset.sh).flatten(1).any(1).sum())
+
+    # Network-only share of an edit (signals/renders excluded).
+    from splatpainter.edit.methods import normalized_plucker
+    from splatpainter.edit.signals import gather_signals
+    from splatpainter.model.stage2 import EditSample
+
+    sig, ev = gather_signals(asset, [view])
+    lat = state["latent"]
+    e = ev[0]
+    pix = torch.cat(
+        [img, e.render, img - e.render, normalized_plucker(cam, lat.vox.center, lat.vox.extent),
+         e.mask[..., None]], dim=-1,
+    )  # fmt: skip
+    sample = EditSample(lat, [pix], sig, 0.5 + 0.28209479 * asset.sh[:, 0])
+
+    def net() -> None:
+        with torch.no_grad():
+            model.stage2([sample], state["fast"])
+
+    t_net = _median_s(net, args.repeats)
+    t_signals = _median_s(lambda: gather_signals(asset, [view]), args.repeats)
+    bp = BackprojectMethod()
+    t_bp = _median_s(lambda: bp.apply(asset, [view], None), args.repeats)
+    opt = OptimizeMethod(steps=args.optimize_steps)
+    t_opt = _median_s(lambda: opt.apply(asset, [view], None), 1)
+
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    result = {
+        "gaussians": asset.num_gaussians,
+        "edit_view": f"{s}x{s}",
+        "threads": args.threads,
+        "parameters": model.num_parameters(),
+        "occupied_voxels": int(lat.vox.num_voxels),
+        "stage1_s_per_asset": round(t_stage1, 3),
+        "stage2_s_per_edit": round(t_edit, 3),
+        "stage2_s_per_edit_best": round(min(edit_times), 3),
+        "stage2_cpu_s_per_edit": round(cpu_edit, 3),
+        "stage2_network_s": round(t_net, 3),
+        "stage2_signals_s": round(t_signals, 3),
+        "gaussians_changed": changed,
+        "backproject_s_per_edit": round(t_bp, 3),
+        f"optimize_{args.optimize_steps}_steps_s": round(t_opt, 3),
+        "peak_rss_mb": round(peak_mb, 1),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>28}: {v}")
+
+
+if __name__ == "__main__":
+    main()

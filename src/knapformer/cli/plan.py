@@ -1,0 +1,140 @@
+"""`knapformer plan`: balance one step of given sequence lengths and report the plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from knapformer.cli.app import app
+
+
+class _InputError(ValueError):
+    pass
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def load_lengths(path: Path) -> list[list[int]]:
+    """Read ``{"ranks": [[len, ...], ...]}``; raise a one-line ValueError on bad content."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise _InputError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _InputError(f"{str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or "ranks" not in doc:
+        raise _InputError(f'{str(path)!r} must be a JSON object with a "ranks" list')
+    ranks = doc["ranks"]
+    if not isinstance(ranks, list) or not ranks:
+        raise _InputError(f'"ranks" in {str(path)!r} must be a non-empty list of lists')
+    out: list[list[int]] = []
+    for r, row in enumerate(ranks):
+        if not isinstance(row, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in row
+        ):
+            raise _InputError(f"rank {r} in {str(path)!r} must be a list of integer lengths")
+        out.append(row)
+    return out
+
+
+def _fmt_loads(before: Any, after: Any, mean: float, bag_of_rank: Any, sizes: Any) -> str:
+    lines = ["rank  bag  g   before  after   (per-GPU load / mean)"]
+    for r in range(len(before)):
+        b = int(bag_of_rank[r])
+        lines.append(
+            f"{r:4d} {b:4d} {int(sizes[b]):2d}  {before[r] / mean:7.3f} {after[r] / mean:7.3f}"
+        )
+    return "\n".join(lines)
+
+
+@app.command()
+def plan(
+    lengths: Path = typer.Option(
+        ..., help='JSON file {"ranks": [[len, ...], ...]}, one list per rank.'
+    ),
+    spec: str = typer.Option(..., help="Bag layout g<G>n<N>+... (e.g. g1n16+g2n4+g4n2) or 'auto'."),
+    d_model: int = typer.Option(3072, help="Model width of the FLOP cost model."),
+    gamma: float = typer.Option(1.0, help="Attention weight of the FLOP cost model."),
+    a2a_flops_per_byte: float = typer.Option(
+        0.0, help="Price of Ulysses all-to-all bytes in FLOPs (0 = compute only)."
+    ),
+    heads: int = typer.Option(24, help="Attention heads (every bag size must divide it)."),
+    solver: str = typer.Option("ours", help="ours | reference | exact."),
+    gpus_per_node: int = typer.Option(8, help="Bags never span nodes."),
+    max_tokens_per_gpu: int = typer.Option(None, help="Per-GPU token budget after routing."),
+    profile: Path = typer.Option(None, help="Cost profile JSON (from `knapformer calibrate`)."),
+    time_limit: float = typer.Option(10.0, help="Seconds for --solver exact."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Plan one step: sequence -> bag assignment, per-GPU loads, lower bound and gap."""
+    import numpy as np
+
+    from knapformer.planning.auto import choose_layout
+    from knapformer.planning.cost import CostModel
+    from knapformer.planning.layout import BagLayout, LayoutError
+    from knapformer.planning.plan import plan_step
+
+    try:
+        ranks = load_lengths(lengths)
+        world = len(ranks)
+        if profile is not None:
+            cost = CostModel.load(profile)
+        else:
+            cost = CostModel.flops(d_model, gamma, a2a_flops_per_byte=a2a_flops_per_byte)
+        if gpus_per_node < 1:
+            raise _InputError("--gpus-per-node must be >= 1")
+        if spec.strip().lower() == "auto":
+            spec_used = choose_layout(ranks, world, heads, gpus_per_node, cost)
+        else:
+            spec_used = spec
+        layout = BagLayout.parse(spec_used, world, heads)
+        for ranks_of_bag in layout.bag_ranks:
+            if ranks_of_bag[0] // gpus_per_node != ranks_of_bag[-1] // gpus_per_node:
+                raise LayoutError(
+                    f"bag on ranks {ranks_of_bag[0]}..{ranks_of_bag[-1]} of {spec_used!r} spans "
+                    f"two nodes (--gpus-per-node {gpus_per_node})"
+                )
+        options: dict[str, Any] = {}
+        if max_tokens_per_gpu is not None:
+            options["max_tokens_per_gpu"] = max_tokens_per_gpu
+        if solver == "exact":
+            options["time_limit"] = time_limit
+        p = plan_step(ranks, layout, cost, solver=solver, **options)
+    except ValueError as exc:  # all library input errors subclass ValueError
+        _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return
+    summary = p.summary()
+    summary["requested_spec"] = spec
+    summary["cost"] = cost.name
+    if max_tokens_per_gpu is not None:
+        summary["max_tokens_per_gpu"] = max_tokens_per_gpu
+        summary["max_tokens_on_a_gpu"] = int(p.tokens_per_gpu().max())
+    if json_out:
+        m = p.mean_load if p.mean_load > 0 else 1.0
+        summary["load_before_over_mean"] = [round(x, 4) for x in (p.load_before / m).tolist()]
+        summary["load_after_over_mean"] = [round(x, 4) for x in (p.load_after / m).tolist()]
+        typer.echo(json.dumps(summary))
+        return
+    sizes = np.asarray(layout.bag_sizes)
+    typer.echo(
+        f"{p.num_sequences} sequences on {world} GPUs, layout {layout.spec}"
+        f"{' (auto)' if spec.strip().lower() == 'auto' else ''}, solver {solver}, cost {cost.name}"
+    )
+    typer.echo(_fmt_loads(p.load_before, p.load_after, p.mean_load, layout.bag_of_rank, sizes))
+    typer.echo(
+        f"max/mean: before {p.unbalanced_max_over_mean:.4f}  after "
+        f"{p.balanced_max_over_mean:.4f}  lower bound {p.lower_bound_over_mean:.4f}  "
+        f"gap {p.gap:.3%}"
+    )
+    typer.echo(
+        f"tokens moved {p.tokens_moved_fraction:.1%}  tokens through SP all-to-alls "
+        f"{p.sp_tokens_fraction:.1%}  planning {p.plan_ms:.2f} ms"
+    )

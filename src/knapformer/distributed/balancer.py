@@ -1,0 +1,592 @@
+"""The thin torch.distributed shell: gather lengths, plan, route tokens, Ulysses attention hooks.
+
+Per step::
+
+    plan = balancer.plan_step(local_lengths)   # 2 small all_gathers + the pure planner
+    x, pos = balancer.route(x, pos)            # 1 all_to_all_single per dtype
+    ... blocks; attention via balancer.attention(q, k, v) (pre_attn -> varlen -> post_attn)
+    y = balancer.reverse_route(y)              # inverse all_to_all_single
+
+With ``Balancer("auto", cost, num_heads=H, gpus_per_node=P)`` the bag layout itself is chosen
+at run time (every step, or every ``window`` steps, with hysteresis) from the gathered lengths by
+the pure chooser of :mod:`knapformer.planning.auto`. Every rank decides alone from the same data;
+the process groups of every bag a decision may use are created once, at construction.
+
+Every collective is autograd-aware (backward of ``route`` is ``reverse_route``, backward of
+``pre_attn`` is ``post_attn``), so the loss is computed in the original layout. Input checks that
+could make ranks diverge are agreed collectively (one tiny all_gather before the data moves), so a
+bad input raises the same :class:`BalancerError` on every rank instead of hanging one of them.
+That same all_gather carries a fingerprint of this rank's plan (layout and bag of every
+sequence), so ranks whose deterministic planners nevertheless disagree (diverged state, a
+time-limited solver) get a clear error before any token moves.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from knapformer.attention.varlen import varlen_attention
+from knapformer.distributed.autolayout import AutoLayout
+from knapformer.distributed.collectives import all_to_all
+from knapformer.distributed.groups import (
+    GroupSetupError,
+    bag_process_group,
+    cached_bag_group,
+    create_bag_groups,
+)
+from knapformer.planning.auto import spans_nodes
+from knapformer.planning.cost import CostModel
+from knapformer.planning.layout import BagLayout, LayoutError
+from knapformer.planning.plan import Plan, plan_step
+from knapformer.planning.routing import RoutingTables, routing_from_plan
+
+__all__ = ["AttnInputs", "Balancer", "BalancerError"]
+
+
+class BalancerError(ValueError):
+    """Bad input to the balancer; raised with the same message on every rank."""
+
+
+@dataclass(frozen=True)
+class AttnInputs:
+    """Whole sequences with ``heads / g`` heads, ready for :func:`varlen_attention`."""
+
+    q: torch.Tensor  # [N, H/g, D]
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens: torch.Tensor  # [n + 1] int32
+    max_seqlen: int
+
+
+# ---- head-group reshapes (module level so tests can break them on purpose) ------------------
+
+
+def _split_head_groups(x: torch.Tensor, g: int) -> torch.Tensor:
+    """``[T, *mid, H, D] -> [g * T, *mid, H/g, D]``: block j = head group j, for peer j."""
+    T, H, D = x.shape[0], x.shape[-2], x.shape[-1]
+    mid = tuple(x.shape[1:-2])
+    y = x.reshape(T, *mid, g, H // g, D).movedim(-3, 0)
+    return y.reshape(g * T, *mid, H // g, D)
+
+
+def _merge_head_groups(y: torch.Tensor, g: int) -> torch.Tensor:
+    """``[g * T, H/g, D]`` (block j = head group j from peer j) ``-> [T, H, D]``."""
+    Hg, D = y.shape[-2], y.shape[-1]
+    T = y.shape[0] // g
+    return y.reshape(g, T, Hg, D).movedim(0, 1).reshape(T, g * Hg, D)
+
+
+# ---- error agreement -------------------------------------------------------------------------
+
+_ERR_MESSAGES = {
+    1: "lengths must be integers (token counts)",
+    2: "lengths must be a flat (1-D) list",
+    3: "sequence #{a} has length {b}; every length must be >= 1",
+    10: "{op}: tokens have {a} rows but this rank's layout has {b} tokens",
+    11: "{op}: features[{a}] has first dimension {b}, tokens have {c}",
+    12: "{op}: argument #{a} is on a different device than the tokens",
+    13: "{op}: argument #{a} is not a torch.Tensor",
+    14: "{op}: tokens must have at least one dimension",
+}
+
+
+def _describe(code: int, a: int, b: int, c: int, op: str) -> str:
+    return _ERR_MESSAGES[code].format(a=a, b=b, c=c, op=op)
+
+
+class Balancer:
+    """KnapFormer balancer over a process group (default: the WORLD).
+
+    Args:
+        layout: bag spec such as ``"g1n2+g2n1+g4n1"`` (or a :class:`BagLayout`); the group size
+            must divide the world size (the extra factor = independent replicas). ``"auto"``:
+            chosen at run time from the lengths (needs ``num_heads`` and ``gpus_per_node``).
+        cost: the workload model used by the planner (and by the auto-layout chooser).
+        num_heads: attention heads of the model; every bag size must divide it (Ulysses).
+        solver: planner name (``"ours"`` or ``"reference"``); ``solver_options`` go to it.
+        group: process group to balance over; its ranks are the layout's ranks.
+        device: device of the small control tensors (default: current CUDA device under NCCL,
+            else CPU). Data tensors stay on whatever device they come in on.
+        gpus_per_node: ranks per node (of ``group``, whose ranks must be node-aligned); no bag may
+            cross a node. Auto default: ``$LOCAL_WORLD_SIZE`` (set by torchrun). With a fixed
+            layout it is optional and only checked.
+        hysteresis: auto only: keep the current layout unless the chooser's winner has a lower
+            modelled makespan by more than this fraction (default 0.02).
+        window: auto only: decide on the first step and then every ``window`` steps (default 1).
+        candidates: auto only: restrict the choice to these specs (fewer process groups);
+            default: any layout with allowed bag sizes, for which the groups of every
+            node-local rank window of an allowed size are created.
+
+    Construction is collective: every rank of ``group`` must build the balancer with the same
+    arguments (checked: a mismatch raises on every rank).
+
+    After each :meth:`plan_step`, :attr:`layout_spec` is the layout in use and
+    :attr:`layout_changed` says whether it differs from the previous step's (True on the first
+    auto step).
+    """
+
+    def __init__(
+        self,
+        layout: str | BagLayout,
+        cost: CostModel,
+        *,
+        num_heads: int | None = None,
+        solver: str = "ours",
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        gpus_per_node: int | None = None,
+        hysteresis: float | None = None,
+        window: int | None = None,
+        candidates: Sequence[str] | None = None,
+        **solver_options: Any,
+    ) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise BalancerError("torch.distributed is not initialised (call init_process_group)")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.device = torch.device(device) if device is not None else self._default_device()
+        spec = layout.spec if isinstance(layout, BagLayout) else layout
+        self.num_heads = num_heads
+        self.cost = cost
+        self.solver = solver
+        self.solver_options = dict(solver_options)
+        auto = isinstance(spec, str) and spec.strip().lower() == "auto"
+        if auto and gpus_per_node is None and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
+            gpus_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+        self.gpus_per_node = gpus_per_node
+
+        error = None
+        parsed: BagLayout | None = None
+        self._auto: AutoLayout | None = None
+        try:
+            if auto:
+                self._auto = self._make_auto(cost, gpus_per_node, hysteresis, window, candidates)
+            else:
+                parsed = self._parse_fixed(spec, gpus_per_node, hysteresis, window, candidates)
+        except LayoutError as exc:
+            error = str(exc)
+        config = {
+            "spec": str(spec),
+            "num_heads": num_heads,
+            "cost": (
+                (cost.a, cost.b, cost.c, cost.e) if isinstance(cost, CostModel) else repr(cost)
+            ),
+            "solver": solver,
+            "solver_options": repr(sorted(self.solver_options.items())),
+            "world_size": self.world_size,
+            "gpus_per_node": gpus_per_node,
+            "hysteresis": hysteresis,
+            "window": window,
+            "candidates": None if candidates is None else repr(list(candidates)),
+        }
+        if not isinstance(cost, CostModel):
+            error = error or f"cost must be a CostModel, got {type(cost).__name__}"
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (config, error), group=group)
+        errors = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
+        if errors:
+            r, e = errors[0]
+            raise BalancerError(f"invalid balancer configuration on rank {r}: {e}")
+        for key in config:
+            values = [c[key] for c, _ in gathered]
+            if any(v != values[0] for v in values):
+                per_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+                raise BalancerError(f"ranks disagree on the balancer's {key}: {per_rank}")
+        self.plan: Plan | None = None
+        self.tables: RoutingTables | None = None
+        self._plan_sig = 0
+        self._index_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self._cache_owner: RoutingTables | None = None
+        self.step = 0
+        self.layout_changed = False
+        # Layout-dependent state; in auto mode set by the first plan_step.
+        self.layout: BagLayout | None = None
+        self.bag: int | None = None
+        self.bag_ranks: tuple[int, ...] = ()
+        self.bag_size = 0
+        self.bag_group: dist.ProcessGroup | None = None
+        try:
+            if self._auto is not None:
+                # Collective, once: every bag any decision may use (same list on every rank).
+                create_bag_groups(self._auto.bags, group)
+            else:
+                assert parsed is not None
+                bag = parsed.bag_of_rank[self.rank]
+                self._set_layout(parsed, bag_process_group(parsed.bag_ranks, bag, group))
+        except GroupSetupError as exc:
+            raise BalancerError(f"cannot create the bag process groups: {exc}") from exc
+
+    def _make_auto(
+        self,
+        cost: CostModel,
+        gpus_per_node: int | None,
+        hysteresis: float | None,
+        window: int | None,
+        candidates: Sequence[str] | None,
+    ) -> AutoLayout:
+        if self.num_heads is None:
+            raise LayoutError("layout 'auto' needs num_heads (bag sizes must divide it)")
+        if gpus_per_node is None:
+            raise LayoutError(
+                "layout 'auto' needs gpus_per_node (or $LOCAL_WORLD_SIZE): bags must not "
+                "cross a node"
+            )
+        return AutoLayout(
+            world_size=self.world_size,
+            num_heads=self.num_heads,
+            gpus_per_node=gpus_per_node,
+            cost=cost,
+            hysteresis=0.02 if hysteresis is None else hysteresis,
+            window=1 if window is None else window,
+            candidates=None if candidates is None else tuple(candidates),
+        )
+
+    def _parse_fixed(
+        self,
+        spec: Any,
+        gpus_per_node: int | None,
+        hysteresis: float | None,
+        window: int | None,
+        candidates: Sequence[str] | None,
+    ) -> BagLayout:
+        extra = [
+            n
+            for n, v in (("hysteresis", hysteresis), ("window", window), ("candidates", candidates))
+            if v is not None
+        ]
+        if extra:
+            raise LayoutError(f"{', '.join(extra)} only apply to layout 'auto' (got {spec!r})")
+        parsed = BagLayout.parse(spec, self.world_size, self.num_heads)
+        if gpus_per_node is not None:
+            if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+                raise LayoutError(
+                    f"gpus_per_node must be a positive integer, got {gpus_per_node!r}"
+                )
+            if spans_nodes(parsed, gpus_per_node):
+                raise LayoutError(
+                    f"bag layout {parsed.spec!r} has a bag spanning two nodes "
+                    f"(gpus_per_node={gpus_per_node})"
+                )
+        return parsed
+
+    def _set_layout(self, layout: BagLayout, bag_group: dist.ProcessGroup | None) -> None:
+        self.layout = layout
+        self.bag = layout.bag_of_rank[self.rank]
+        self.bag_ranks = layout.bag_ranks[self.bag]
+        self.bag_size = len(self.bag_ranks)
+        self.bag_group = bag_group
+
+    # ---- layout state (logging, checkpoints) -------------------------------------------------
+
+    @property
+    def is_auto(self) -> bool:
+        return self._auto is not None
+
+    @property
+    def layout_spec(self) -> str | None:
+        """Spec of the layout in use (None before the first auto step)."""
+        return None if self.layout is None else self.layout.spec
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must restore so a resumed run makes the same layout decisions."""
+        if self._auto is not None:
+            return self._auto.state_dict()
+        return {"layout": self.layout_spec, "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (every rank must load the same state; checked at route)."""
+        if not isinstance(state, dict):
+            raise BalancerError(f"balancer state must be a dict, got {type(state).__name__}")
+        if self._auto is None:
+            if state.get("layout") != self.layout_spec:
+                raise BalancerError(
+                    f"state has layout {state.get('layout')!r}, this balancer uses the fixed "
+                    f"layout {self.layout_spec!r}"
+                )
+            step = state.get("step", self.step)
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                raise BalancerError(f"invalid balancer state: step {step!r}")
+            self.step = step
+            return
+        try:
+            self._auto.load_state_dict(state)
+        except LayoutError as exc:
+            raise BalancerError(f"invalid balancer state: {exc}") from exc
+        self.step = self._auto.step
+        if self._auto.current is not None:
+            lay = self._auto.layout(self._auto.current)
+            mine = lay.bag_ranks[lay.bag_of_rank[self.rank]]
+            self._set_layout(lay, cached_bag_group(mine, self.group))
+        self.plan = self.tables = None
+
+    def _default_device(self) -> torch.device:
+        backend = str(dist.get_backend(self.group)).lower()
+        if "nccl" in backend and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    # ---- planning ----------------------------------------------------------------------------
+
+    def plan_step(self, local_lengths: Sequence[int] | np.ndarray | torch.Tensor) -> Plan:
+        """Gather every rank's lengths (integers only), plan, and build this rank's tables."""
+        if isinstance(local_lengths, torch.Tensor):
+            local_lengths = local_lengths.detach().cpu().numpy()
+        arr = np.asarray(local_lengths)
+        code, a, b = 0, 0, 0
+        if arr.size == 0:
+            arr = np.zeros(0, dtype=np.int64)
+        elif arr.ndim != 1:
+            code = 2
+        elif arr.dtype.kind not in "iu":
+            code = 1
+        elif (arr <= 0).any():
+            code = 3
+            a = int(np.flatnonzero(arr <= 0)[0])
+            b = int(arr[a])
+        count = int(arr.size) if code == 0 else 0
+        info = torch.tensor([count, code, a, b], dtype=torch.int64, device=self.device)
+        infos = self._all_gather(info).cpu().numpy()
+        bad = [r for r in range(self.world_size) if infos[r, 1] != 0]
+        if bad:
+            parts = [f"rank {r}: " + _describe(*infos[r, 1:4], 0, op="plan_step") for r in bad]
+            raise BalancerError("bad sequence lengths passed to plan_step: " + "; ".join(parts))
+        counts = infos[:, 0]
+        m = int(counts.max()) if counts.size else 0
+        lengths: list[list[int]] = [[] for _ in range(self.world_size)]
+        if m > 0:
+            padded = torch.zeros(m, dtype=torch.int64, device=self.device)
+            padded[: arr.size] = torch.from_numpy(arr.astype(np.int64))
+            allp = self._all_gather(padded).cpu().numpy()
+            lengths = [allp[r, : counts[r]].tolist() for r in range(self.world_size)]
+        if self._auto is not None:
+            try:
+                layout, changed = self._auto.decide(lengths)  # pure: the same on every rank
+            except LayoutError as exc:
+                raise BalancerError(f"auto layout failed: {exc}") from exc
+            if changed:
+                mine = layout.bag_ranks[layout.bag_of_rank[self.rank]]
+                self._set_layout(layout, cached_bag_group(mine, self.group))
+            self.layout_changed = changed
+            self.step = self._auto.step
+        else:
+            self.step += 1
+        assert self.layout is not None
+        plan = plan_step(lengths, self.layout, self.cost, self.solver, **self.solver_options)
+        self.plan = plan
+        self.tables = routing_from_plan(plan, self.rank)
+        self._plan_sig = zlib.crc32(plan.bag.tobytes(), zlib.crc32(plan.layout.spec.encode()))
+        return plan
+
+    def _all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(out, t, group=self.group)
+        return torch.stack(out)
+
+    def _require_tables(self, op: str) -> RoutingTables:
+        if self.tables is None:
+            raise BalancerError(f"{op} called before plan_step")
+        return self.tables
+
+    def index(self, name: str, device: torch.device) -> torch.Tensor:
+        """A routing table (``RoutingTables`` field) as a cached index tensor on ``device``."""
+        tables = self._require_tables(name)
+        if self._cache_owner is not tables:  # tables replaced (new step, or by hand): reset
+            self._index_cache.clear()
+            self._cache_owner = tables
+        key = (name, torch.device(device))
+        t = self._index_cache.get(key)
+        if t is None:
+            dtype = torch.int64
+            if name == "inverse_send_perm":
+                arr = np.empty_like(tables.send_perm)
+                arr[tables.send_perm] = np.arange(arr.size, dtype=np.int64)
+            elif name == "cu_seqlens_int32":  # the dtype flash-attn wants
+                arr, dtype = tables.cu_seqlens, torch.int32
+            else:
+                arr = getattr(tables, name)
+            t = torch.from_numpy(np.array(arr, dtype=np.int64)).to(device=device, dtype=dtype)
+            self._index_cache[key] = t
+        return t
+
+    # ---- routing -----------------------------------------------------------------------------
+
+    def _agree(self, tensors: Sequence[Any], expected_rows: int, op: str) -> None:
+        """Check inputs locally, then agree on errors and tensor signatures across ranks."""
+        code, a, b, c = 0, 0, 0, 0
+        sig = 0
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            code, a = 13, next(i for i, t in enumerate(tensors) if not isinstance(t, torch.Tensor))
+        elif tensors[0].dim() == 0:
+            code = 14
+        else:
+            rows = tensors[0].shape[0]
+            desc = [(str(t.dtype), tuple(t.shape[1:])) for t in tensors]
+            sig = zlib.crc32(repr(desc).encode()) & 0x7FFFFFFF
+            if rows != expected_rows:
+                code, a, b = 10, rows, expected_rows
+            for i, t in enumerate(tensors[1:]):
+                if code:
+                    break
+                if t.dim() == 0 or t.shape[0] != rows:
+                    code, a, b, c = 11, i, (t.shape[0] if t.dim() else -1), rows
+                elif t.device != tensors[0].device:
+                    code, a = 12, i + 1
+        info = torch.tensor(
+            [code, a, b, c, sig, self._plan_sig], dtype=torch.int64, device=self.device
+        )
+        infos = self._all_gather(info).cpu().numpy()
+        bad = [r for r in range(self.world_size) if infos[r, 0] != 0]
+        if bad:
+            parts = [f"rank {r}: " + _describe(*infos[r, :4], op=op) for r in bad]
+            raise BalancerError("bad input: " + "; ".join(parts))
+        if len(set(infos[:, 5].tolist())) > 1:
+            # Rare path, taken by every rank alike: fetch the specs for a readable message.
+            specs: list[Any] = [None] * self.world_size
+            dist.all_gather_object(specs, self.layout_spec, group=self.group)
+            per_rank = ", ".join(f"rank {r}: {s}" for r, s in enumerate(specs))
+            raise BalancerError(
+                f"{op}: ranks computed different plans for this step (layouts {per_rank}); "
+                "every rank must hold the same balancer state (load_state_dict the same state "
+                "everywhere) and a deterministic solver"
+            )
+        if len(set(infos[:, 4].tolist())) > 1:
+            raise BalancerError(
+                f"{op}: ranks passed tensors with different dtypes or trailing shapes "
+                f"(this rank: {[(str(t.dtype), tuple(t.shape[1:])) for t in tensors]})"
+            )
+
+    def _exchange(
+        self,
+        tensors: Sequence[torch.Tensor],
+        out_splits: np.ndarray,
+        in_splits: np.ndarray,
+        pre_index: str | None,
+        post_index: str | None,
+        out_rows: int,
+    ) -> list[torch.Tensor]:
+        """One all_to_all per dtype: same-dtype tensors are concatenated column-wise."""
+        rows = tensors[0].shape[0]
+        device = tensors[0].device
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(tensors):
+            by_dtype.setdefault(t.dtype, []).append(i)
+        result: list[torch.Tensor | None] = [None] * len(tensors)
+        for idxs in by_dtype.values():
+            widths = [int(np.prod(tensors[i].shape[1:], dtype=np.int64)) for i in idxs]
+            flat = [tensors[i].reshape(rows, w) for i, w in zip(idxs, widths, strict=True)]
+            buf = flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
+            if pre_index is not None:
+                buf = buf.index_select(0, self.index(pre_index, device))
+            out = all_to_all(buf, out_splits.tolist(), in_splits.tolist(), self.group)
+            if post_index is not None:
+                out = out.index_select(0, self.index(post_index, device))
+            for i, part in zip(idxs, torch.split(out, widths, dim=1), strict=True):
+                result[i] = part.reshape(out_rows, *tensors[i].shape[1:])
+        return result  # type: ignore[return-value]
+
+    def route(self, tokens: torch.Tensor, *features: torch.Tensor) -> Any:
+        """Move ``[T_local, ...]`` tensors into the balanced layout (same row order on all).
+
+        Returns the routed tokens, or a tuple ``(tokens, *features)`` when features are given.
+        Integer/bool features travel in their own dtype (bit-exact).
+        """
+        t = self._require_tables("route")
+        tensors = (tokens, *features)
+        self._agree(tensors, t.num_local_tokens, "route")
+        out = self._exchange(
+            tensors, t.recv_splits, t.send_splits, "send_perm", None, t.num_balanced_tokens
+        )
+        return out[0] if not features else tuple(out)
+
+    def reverse_route(self, tokens: torch.Tensor, *features: torch.Tensor) -> Any:
+        """Inverse of :meth:`route`: balanced layout -> this rank's original packed order."""
+        t = self._require_tables("reverse_route")
+        tensors = (tokens, *features)
+        self._agree(tensors, t.num_balanced_tokens, "reverse_route")
+        out = self._exchange(
+            tensors, t.send_splits, t.recv_splits, None, "inverse_send_perm", t.num_local_tokens
+        )
+        return out[0] if not features else tuple(out)
+
+    # ---- balanced-layout metadata (known locally, no communication) --------------------------
+
+    def balanced_positions(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """In-sequence position of every balanced token (``[T_out]`` int64)."""
+        return self.index("token_positions", torch.device(device))
+
+    def balanced_seq_ids(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Global sequence id of every balanced token (``[T_out]`` int64)."""
+        return self.index("token_seq_ids", torch.device(device))
+
+    # ---- Ulysses attention hooks -------------------------------------------------------------
+
+    def pre_attn(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> AttnInputs:
+        """``[T_out, H, D]`` chunks with all heads -> whole sequences with ``H/g`` heads."""
+        t = self._require_tables("pre_attn")
+        g = self.bag_size
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if x.dim() != 3 or x.shape[0] != t.num_balanced_tokens:
+                raise BalancerError(
+                    f"pre_attn: {name} must be [T={t.num_balanced_tokens}, H, D], "
+                    f"got {tuple(x.shape)}"
+                )
+            if x.shape[1] % g != 0:
+                raise BalancerError(
+                    f"pre_attn: {x.shape[1]} heads are not divisible by the bag size {g}"
+                )
+        device = q.device
+        cu = self.index("cu_seqlens_int32", device)
+        if g == 1:
+            return AttnInputs(q, k, v, cu, t.max_seqlen)
+        outs = [int(s) for s in t.peer_splits]
+        ins = [t.num_balanced_tokens] * g
+        gather = self.index("attn_gather", device)
+        if q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype:
+            x = _split_head_groups(torch.stack((q, k, v), dim=1), g)  # [g*T, 3, H/g, D]
+            y = all_to_all(x, outs, ins, self.bag_group).index_select(0, gather)
+            qs, ks, vs = y.unbind(dim=1)
+        else:
+            qs, ks, vs = (
+                all_to_all(_split_head_groups(x, g), outs, ins, self.bag_group).index_select(
+                    0, gather
+                )
+                for x in (q, k, v)
+            )
+        return AttnInputs(qs, ks, vs, cu, t.max_seqlen)
+
+    def post_attn(self, out: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`pre_attn` for the output: ``[N, H/g, D] -> [T_out, H, D]``."""
+        t = self._require_tables("post_attn")
+        g = self.bag_size
+        if g == 1:
+            return out
+        if out.dim() != 3 or out.shape[0] != t.num_attn_tokens:
+            raise BalancerError(
+                f"post_attn: expected [N={t.num_attn_tokens}, H/g, D], got {tuple(out.shape)}"
+            )
+        y = out.index_select(0, self.index("attn_scatter", out.device))
+        ins = [int(s) for s in t.peer_splits]
+        outs = [t.num_balanced_tokens] * g
+        back = all_to_all(y, outs, ins, self.bag_group)
+        return _merge_head_groups(back, g)
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool = False,
+        attn_fn: Callable[..., torch.Tensor] = varlen_attention,
+    ) -> torch.Tensor:
+        """``pre_attn`` -> varlen attention over whole sequences -> ``post_attn``."""
+        a = self.pre_attn(q, k, v)
+        return self.post_attn(attn_fn(a.q, a.k, a.v, a.cu_seqlens, a.max_seqlen, causal=causal))

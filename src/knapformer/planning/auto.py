@@ -1,0 +1,288 @@
+"""Automatic bag layout: pick the spec for a step (or a window of steps) from the lengths.
+
+Candidates are bag layouts whose sizes divide the head count and the node size (so no bag
+crosses a node): every homogeneous ``g{g}n{W/g}`` plus mixes of 1-GPU bags with just enough
+larger bags for the sequences that need them, estimated from the lengths and the cost model
+(whose ``c`` term prices the Ulysses all-to-all, so short sequences are not split without
+need). Candidates are screened by their lower bound and the best few are planned; the layout
+with the lowest modelled makespan wins, near-ties going to fewer tokens through SP. A
+``current`` layout is kept unless the winner is better by more than ``hysteresis`` (process
+groups are then not rebuilt every step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from knapformer.planning.cost import CostModel
+from knapformer.planning.layout import BagLayout, LayoutError, format_spec
+from knapformer.planning.plan import plan_step, validate_lengths
+
+__all__ = [
+    "Candidate",
+    "allowed_bag_sizes",
+    "candidate_specs",
+    "choose_layout",
+    "evaluate_candidates",
+    "make_simulator_chooser",
+    "spans_nodes",
+]
+
+_TIE_TOL = 1e-3  # makespans within this relative distance count as equal
+
+
+def allowed_bag_sizes(world_size: int, num_heads: int, gpus_per_node: int) -> list[int]:
+    """Bag sizes that divide the head count and the node size (and fit in the world)."""
+    if world_size < 1 or num_heads < 1 or gpus_per_node < 1:
+        raise LayoutError("world_size, num_heads and gpus_per_node must be >= 1")
+    node = min(gpus_per_node, world_size)
+    return [g for g in range(1, node + 1) if num_heads % g == 0 and gpus_per_node % g == 0]
+
+
+def spans_nodes(layout: BagLayout, gpus_per_node: int) -> bool:
+    """True if some bag has ranks on two nodes."""
+    return any(r[0] // gpus_per_node != r[-1] // gpus_per_node for r in layout.bag_ranks)
+
+
+def _spec_for(counts: dict[int, int], world: int, gpus_per_node: int) -> str | None:
+    """Spec with ``counts[g]`` bags of size g (ascending sizes, else descending) that covers
+    ``world`` GPUs with no bag crossing a node; None if impossible."""
+    terms = [(g, n) for g, n in sorted(counts.items()) if n > 0]
+    if not terms or sum(g * n for g, n in terms) != world:
+        return None
+    for ordered in (terms, terms[::-1]):
+        start, ok = 0, True
+        for g, n in ordered:
+            for _ in range(n):
+                if start // gpus_per_node != (start + g - 1) // gpus_per_node:
+                    ok = False
+                    break
+                start += g
+            if not ok:
+                break
+        if ok:
+            return format_spec(ordered)
+    return None
+
+
+def candidate_specs(
+    lengths: Sequence[Sequence[int]],
+    world_size: int,
+    num_heads: int,
+    gpus_per_node: int,
+    cost: CostModel,
+    level: float | None = None,
+) -> list[str]:
+    """Homogeneous layouts plus data-driven mixes of g1 bags and larger bags.
+
+    ``level`` is the per-GPU load the mixes are sized for (default: perfect balance, or the
+    longest sequence's best cost if higher); a second pass at the best makespan found is
+    how all-to-all overheads enter the sizing."""
+    sizes = allowed_bag_sizes(world_size, num_heads, gpus_per_node)
+    flat, _ = validate_lengths(lengths, world_size)
+    specs: list[str] = []
+
+    def add(counts: dict[int, int]) -> None:
+        s = _spec_for(counts, world_size, gpus_per_node)
+        if s is not None and s not in specs:
+            specs.append(s)
+
+    for g in sizes:
+        if world_size % g == 0:
+            add({g: world_size // g})
+    if flat.size == 0 or len(sizes) == 1:
+        return specs
+    # Level a perfect balance would reach; a sequence whose 1-GPU cost exceeds it needs a bag
+    # that brings its per-GPU cost under the level. Sequences are indivisible, so the bags
+    # such sequences need are counted by first-fit-decreasing packing at that level.
+    sz = np.asarray(sizes)
+    tg = np.asarray(cost.t(flat[:, None], sz[None, :]))  # [S, K]
+    # (no plan beats the longest sequence in its best bag, so the level is at least that)
+    if level is None:
+        level = max(float(cost.t(flat, 1).sum()) / world_size, float(tg.min(axis=1).max()))
+    fits = tg <= level * (1 + 1e-9)
+    big = ~fits[:, 0]
+    if not big.any():
+        return specs
+    gmin_idx = np.where(fits.any(axis=1), np.argmax(fits, axis=1), len(sizes) - 1)
+
+    def bags_needed(items: np.ndarray, k: int) -> int | None:
+        loads: list[float] = []
+        for x in sorted(tg[items, k].tolist(), reverse=True):
+            if x > level * (1 + 1e-9):
+                return None
+            for i, ld in enumerate(loads):
+                if ld + x <= level * (1 + 1e-9):
+                    loads[i] = ld + x
+                    break
+            else:
+                loads.append(x)
+        return len(loads)
+
+    big_items = np.flatnonzero(big)
+    # (a) one large size for every sequence that does not fit a single GPU
+    for k in range(1, len(sizes)):
+        n = bags_needed(big_items, k)
+        if n is None:
+            continue
+        for extra in (0, 1, 2):
+            m = n + extra
+            if 0 < m * sizes[k] < world_size:
+                add({sizes[k]: m, 1: world_size - m * sizes[k]})
+    # (b) each sequence in bags of its own smallest sufficient size
+    counts: dict[int, int] = {}
+    for k in range(1, len(sizes)):
+        items = big_items[gmin_idx[big_items] == k]
+        if items.size:
+            n = bags_needed(items, k)
+            if n is not None:
+                counts[sizes[k]] = n
+    used = sum(g * n for g, n in counts.items())
+    for extra in (0, 1):
+        c2 = {g: n + extra for g, n in counts.items()}
+        used = sum(g * n for g, n in c2.items())
+        if 0 < used < world_size:
+            add({**c2, 1: world_size - used})
+    return specs
+
+
+@dataclass(frozen=True)
+class Candidate:
+    spec: str
+    makespan: float
+    lower_bound: float
+    sp_tokens_fraction: float
+    tokens_moved_fraction: float
+
+
+def evaluate_candidates(
+    lengths: Sequence[Sequence[int]],
+    specs: Sequence[str],
+    world_size: int,
+    num_heads: int,
+    cost: CostModel,
+    max_planned: int = 8,
+) -> list[Candidate]:
+    """Lower-bound screen, then plan the most promising ``max_planned`` specs with ours."""
+    from knapformer.planning import solvers
+
+    flat, src = validate_lengths(lengths, world_size)
+    screened: list[tuple[float, str, BagLayout]] = []
+    for spec in specs:
+        layout = BagLayout.parse(spec, world_size, num_heads)
+        lb = 0.0
+        bounds = np.searchsorted(src, np.arange(0, world_size + 1, layout.group_size))
+        for r in range(layout.num_replicas):
+            a, b = int(bounds[r]), int(bounds[r + 1])
+            p = solvers.build_problem(
+                flat[a:b], src[a:b] - r * layout.group_size, layout, cost, None, {}
+            )
+            lb = max(lb, p.lb)
+        screened.append((lb, spec, layout))
+    screened.sort(key=lambda x: (x[0], x[1]))
+    best_lb = screened[0][0] if screened else 0.0
+    keep = [x for x in screened if x[0] <= best_lb * 1.05][:max_planned] or screened[:1]
+    out = []
+    for lb, spec, layout in keep:
+        plan = plan_step(lengths, layout, cost, "ours", guard=False, stop_gap=1e-3, max_iters=60)
+        out.append(
+            Candidate(
+                spec=spec,
+                makespan=plan.makespan,
+                lower_bound=lb,
+                sp_tokens_fraction=plan.sp_tokens_fraction,
+                tokens_moved_fraction=plan.tokens_moved_fraction,
+            )
+        )
+    return out
+
+
+def _rank_key(c: Candidate, best: float) -> tuple[float, float, float, str]:
+    near = c.makespan <= best * (1.0 + _TIE_TOL)
+    return (0.0 if near else c.makespan, c.sp_tokens_fraction, c.makespan, c.spec)
+
+
+def choose_layout(
+    lengths: Sequence[Sequence[int]],
+    world_size: int,
+    num_heads: int,
+    gpus_per_node: int,
+    cost: CostModel,
+    candidates: Sequence[str] | None = None,
+    current: str | None = None,
+    hysteresis: float = 0.02,
+) -> str:
+    """The spec with the lowest modelled makespan (near-ties: fewer SP tokens); ``current``
+    stays unless the winner's makespan is lower by more than ``hysteresis`` (relative)."""
+    if len(lengths) != world_size:
+        raise LayoutError(f"got lengths for {len(lengths)} ranks, world_size={world_size}")
+    if hysteresis < 0:
+        raise LayoutError("hysteresis must be >= 0")
+    sizes = set(allowed_bag_sizes(world_size, num_heads, gpus_per_node))
+    if candidates is None:
+        specs = candidate_specs(lengths, world_size, num_heads, gpus_per_node, cost)
+    else:
+        specs = []
+        for s in candidates:
+            layout = BagLayout.parse(s, world_size, num_heads)
+            if spans_nodes(layout, gpus_per_node):
+                raise LayoutError(f"candidate {s!r} has a bag spanning two nodes")
+            specs.append(layout.spec)
+    cur = None
+    if current is not None:
+        layout = BagLayout.parse(current, world_size, num_heads)
+        if not spans_nodes(layout, gpus_per_node) and set(layout.bag_sizes) <= sizes | {1}:
+            cur = layout.spec
+            if cur not in specs:
+                specs.append(cur)
+    if not specs:
+        raise LayoutError(
+            f"no bag layout for world_size={world_size}, heads={num_heads}, "
+            f"gpus_per_node={gpus_per_node}"
+        )
+    evaluated = evaluate_candidates(lengths, specs, world_size, num_heads, cost)
+    if candidates is None:
+        # second pass: size the mixes for the makespan actually reached (includes overheads)
+        reached = min(c.makespan for c in evaluated) * (1.0 + 1e-6)
+        more = [
+            s
+            for s in candidate_specs(lengths, world_size, num_heads, gpus_per_node, cost, reached)
+            if s not in specs
+        ]
+        if more:
+            specs += more
+            evaluated += evaluate_candidates(lengths, more, world_size, num_heads, cost)
+    if cur is not None and all(c.spec != cur for c in evaluated):
+        evaluated += evaluate_candidates(lengths, [cur], world_size, num_heads, cost)
+    best_ms = min(c.makespan for c in evaluated)
+    winner = min(evaluated, key=lambda c: _rank_key(c, best_ms))
+    if cur is not None and winner.spec != cur:
+        cur_c = next(c for c in evaluated if c.spec == cur)
+        if winner.makespan >= cur_c.makespan * (1.0 - hysteresis):
+            return cur
+    return winner.spec
+
+
+def make_simulator_chooser(
+    cost: CostModel,
+    world_size: int,
+    num_heads: int | None,
+    gpus_per_node: int | None,
+    hysteresis: float = 0.02,
+) -> Callable[[Sequence[Sequence[int]]], BagLayout]:
+    """Stateful per-step chooser (keeps the previous layout under hysteresis)."""
+    heads = 24 if num_heads is None else num_heads
+    node = 8 if gpus_per_node is None else gpus_per_node
+    state: dict[str, str | None] = {"current": None}
+
+    def choose(step: Sequence[Sequence[int]]) -> BagLayout:
+        spec = choose_layout(
+            step, world_size, heads, node, cost, current=state["current"], hysteresis=hysteresis
+        )
+        state["current"] = spec
+        return BagLayout.parse(spec, world_size, heads)
+
+    return choose

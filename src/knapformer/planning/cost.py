@@ -1,0 +1,162 @@
+"""Per-GPU cost of a sequence placed in a bag: ``t(L, g) = (a*L + b*L^2)/g + c*L*(g-1)/g + e``.
+
+``a``/``b`` are the linear (projections, MLP) and quadratic (attention) compute terms, split
+evenly over the ``g`` GPUs of a bag; ``c`` models the Ulysses all-to-all traffic (the share
+``(g-1)/g`` of a chunk that leaves each GPU) and ``e`` a fixed per-sequence overhead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CostModel", "CostModelError"]
+
+_PROFILE_KIND = "knapformer-cost-profile"
+
+
+class CostModelError(ValueError):
+    """Invalid cost-model coefficients or profile file."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Cost coefficients; all non-negative so that the planner's lower bounds stay valid."""
+
+    a: float
+    b: float
+    c: float = 0.0
+    e: float = 0.0
+    name: str = "custom"
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for k in ("a", "b", "c", "e"):
+            v = getattr(self, k)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise CostModelError(f"cost coefficient {k} must be a finite number, got {v!r}")
+            if v < 0:
+                raise CostModelError(f"cost coefficient {k} must be >= 0, got {v}")
+            object.__setattr__(self, k, float(v))
+        if self.a == 0 and self.b == 0:
+            raise CostModelError("cost model needs a > 0 or b > 0 (otherwise nothing to balance)")
+
+    @classmethod
+    def flops(
+        cls,
+        d_model: int,
+        gamma: float = 1.0,
+        num_blocks: int = 1,
+        a2a_flops_per_byte: float = 0.0,
+        bytes_per_element: int = 2,
+    ) -> CostModel:
+        """The paper's ``W(L) = 24*L*d^2 + gamma*4*L^2*d`` per block (times ``num_blocks``).
+
+        ``a2a_flops_per_byte`` (peak FLOP/s over all-to-all bytes/s, e.g. ~2000 for bf16 on
+        NVLink) prices the Ulysses traffic in FLOP-equivalents: per token and block, q, k, v
+        and the attention output (4*d elements) cross the bag, of which (g-1)/g leaves the GPU,
+        i.e. ``c = 4 * d * bytes_per_element * a2a_flops_per_byte``.
+        """
+        if d_model < 1 or num_blocks < 1:
+            raise CostModelError("d_model and num_blocks must be >= 1")
+        if gamma < 0:
+            raise CostModelError(f"gamma must be >= 0, got {gamma}")
+        if a2a_flops_per_byte < 0 or bytes_per_element < 1:
+            raise CostModelError("a2a_flops_per_byte must be >= 0 and bytes_per_element >= 1")
+        name = f"flops(d={d_model},gamma={gamma:g},blocks={num_blocks}"
+        if a2a_flops_per_byte:
+            name += f",a2a={a2a_flops_per_byte:g}flop/B"
+        return cls(
+            a=24.0 * d_model * d_model * num_blocks,
+            b=4.0 * gamma * d_model * num_blocks,
+            c=4.0 * d_model * bytes_per_element * a2a_flops_per_byte * num_blocks,
+            name=name + ")",
+        )
+
+    def t(self, L: Any, g: Any = 1) -> Any:
+        """Per-GPU cost of a length-``L`` sequence in a ``g``-GPU bag (broadcasts over arrays)."""
+        L = np.asarray(L, dtype=np.float64)
+        g = np.asarray(g, dtype=np.float64)
+        out = (self.a * L + self.b * L * L) / g + self.c * L * (g - 1.0) / g + self.e
+        return out if out.ndim else float(out)
+
+    def work(self, L: Any, g: Any = 1) -> Any:
+        """GPU-time of the sequence summed over the bag: ``g * t(L, g)``."""
+        g_arr = np.asarray(g, dtype=np.float64)
+        out = g_arr * np.asarray(self.t(L, g), dtype=np.float64)
+        return out if out.ndim else float(out)
+
+    def __add__(self, other: CostModel) -> CostModel:
+        """Costs of consecutive blocks add coefficient-wise (t is linear in a, b, c, e)."""
+        if not isinstance(other, CostModel):
+            return NotImplemented
+        return CostModel(
+            self.a + other.a,
+            self.b + other.b,
+            self.c + other.c,
+            self.e + other.e,
+            name=f"{self.name}+{other.name}",
+        )
+
+    def scaled(self, k: float) -> CostModel:
+        """E.g. ``block.scaled(57)`` for 57 identical blocks."""
+        if k < 0:
+            raise CostModelError("scale must be >= 0")
+        return CostModel(self.a * k, self.b * k, self.c * k, self.e * k, name=f"{k:g}*{self.name}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = _PROFILE_KIND
+        d["version"] = 1
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        if not isinstance(d, dict):
+            raise CostModelError("cost profile must be a JSON object")
+        if d.get("kind", _PROFILE_KIND) != _PROFILE_KIND:
+            raise CostModelError(f"not a cost profile (kind={d.get('kind')!r})")
+        try:
+            return cls(
+                a=d["a"],
+                b=d["b"],
+                c=d.get("c", 0.0),
+                e=d.get("e", 0.0),
+                name=str(d.get("name", "profile")),
+                meta=dict(d.get("meta", {})),
+            )
+        except KeyError as exc:
+            raise CostModelError(f"cost profile is missing coefficient {exc.args[0]!r}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Atomic JSON write (temp file in the same directory + os.replace)."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostModel:
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except OSError as exc:
+            msg = f"cannot read cost profile {str(path)!r}: {exc.strerror}"
+            raise CostModelError(msg) from None
+        except json.JSONDecodeError as exc:
+            raise CostModelError(f"cost profile {str(path)!r} is not valid JSON: {exc}") from None
+        return cls.from_dict(d)

@@ -1,0 +1,83 @@
+"""Per-Gaussian evidence from edit views, read off the renderer's compositing weights.
+
+For a colour override c (one RGB per Gaussian) the rendered pixel is
+rgb_p = sum_g w_gp c_g + T_p * background, so the gradient of sum_p <rgb_p, t_p> with respect to
+c_g is sum_p w_gp t_p: one backward pass gives any weighted sum of a per-pixel quantity over each
+Gaussian's footprint, with the renderer's own visibility (occlusion, opacity) built in.  Per view:
+
+    pass 1, t_p = (m_p, m_p |r_p|, 1)  -> in-mask weight, in-mask |residual| mass, total weight
+    pass 2, t_p = m_p r_p              -> in-mask residual mass (RGB)
+
+where r = edited - render and |r| its max over channels.  Sums over all views, normalised, are the
+`GaussianSignals` that both the model (its gate and inputs) and back-projection use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from splatpainter.edit.views import EditView, effective_mask
+from splatpainter.model.stage2 import GaussianSignals
+
+
+@dataclass
+class ViewEvidence:
+    """What one edit view contributes (kept for the model's view tokens)."""
+
+    view: EditView
+    render: torch.Tensor  # [H, W, 3] current render from the view's camera
+    mask: torch.Tensor  # [H, W] effective mask
+
+
+def current_colors(asset, camera) -> torch.Tensor:
+    """The per-Gaussian RGB the renderer uses for this camera (SH evaluated, +0.5, clamped)."""
+    from splatpainter.render.project import sh_to_color
+
+    w2c = camera.world_to_cam.to(device=asset.means.device, dtype=asset.means.dtype)
+    return sh_to_color(asset.means, asset.sh, w2c, asset.sh_degree)
+
+
+def gather_signals(
+    asset, views: list[EditView], *, background=(0.0, 0.0, 0.0)
+) -> tuple[GaussianSignals, list[ViewEvidence]]:
+    """Render every view once and accumulate per-Gaussian signals (no gradient leaves here)."""
+    from splatpainter.render import render
+
+    a = asset.detach()
+    n = a.num_gaussians
+    zeros = a.means.new_zeros(n)
+    wm, wa, wt = zeros.clone(), zeros.clone(), zeros.clone()
+    wr = a.means.new_zeros(n, 3)
+    evidence = []
+    for view in views:
+        cam = view.camera.to(a.device)
+        with torch.no_grad():
+            # The plain render is what the user sees and edits; the colour-override render
+            # below can differ from it in the last bits, so residuals use this one.
+            ref = render(a, cam, background=background).rgb
+        colors = current_colors(a, cam).detach().requires_grad_(True)
+        with torch.enable_grad():
+            rgb = render(a, cam, background=background, colors=colors).rgb
+            edited = view.image.to(ref)
+            mask = effective_mask(view, ref)
+            res = edited - ref
+            absres = res.abs().amax(-1)
+            t1 = torch.stack([mask, mask * absres, torch.ones_like(mask)], dim=-1)
+            (g1,) = torch.autograd.grad((rgb * t1).sum(), colors, retain_graph=True)
+            (g2,) = torch.autograd.grad((rgb * (mask[..., None] * res)).sum(), colors)
+        wm += g1[:, 0]
+        wa += g1[:, 1]
+        wt += g1[:, 2]
+        wr += g2
+        evidence.append(ViewEvidence(view, ref, mask))
+    has = wm > 0
+    safe = torch.where(has, wm, torch.ones_like(wm))
+    signals = GaussianSignals(
+        residual=torch.where(has[:, None], wr / safe[:, None], torch.zeros_like(wr)),
+        abs_residual=torch.where(has, wa / safe, zeros),
+        support=torch.where(wt > 0, wm / torch.where(wt > 0, wt, torch.ones_like(wt)), zeros),
+        in_mask_weight=wm,
+    )
+    return signals, evidence

@@ -1,0 +1,243 @@
+"""The full editing model (Stage I + Stage II), its config and its checkpoint format.
+
+Checkpoint = torch.save of a plain dict
+
+    {"format": "splatpainter-editor", "version": 1, "config": asdict(EditorConfig),
+     "state_dict": {...}}
+
+written atomically (temp file in the same directory + os.replace).  Loading checks the format
+tag, rebuilds the model from the stored config and loads the weights strictly; any mismatch is a
+`CheckpointError` naming the offending config field or parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from splatpainter.model.stage1 import (
+    PreprocessViews,
+    Stage1Config,
+    Stage1Encoder,
+    Stage1Latent,
+    asset_content_hash,
+    render_preprocess_views,
+)
+from splatpainter.model.stage2 import Stage2Config, Stage2Editor
+
+CHECKPOINT_FORMAT = "splatpainter-editor"
+CHECKPOINT_VERSION = 1
+DEFAULT_SEED = 0
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is not ours, or whose weights do not fit the architecture."""
+
+
+@dataclass
+class EditorConfig:
+    """Both stages' configs; Stage I's latent and Gaussian-feature widths feed Stage II."""
+
+    stage1: Stage1Config = field(default_factory=Stage1Config)
+    stage2: Stage2Config = field(default_factory=Stage2Config)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stage1, dict):
+            self.stage1 = Stage1Config(**self.stage1)
+        if isinstance(self.stage2, dict):
+            self.stage2 = Stage2Config(**self.stage2)
+        if self.stage1.gauss_feat_dim != self.stage2.gauss_feat_dim:
+            raise ValueError(
+                f"stage1.gauss_feat_dim ({self.stage1.gauss_feat_dim}) != "
+                f"stage2.gauss_feat_dim ({self.stage2.gauss_feat_dim})"
+            )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EditorConfig:
+        """Rebuild from asdict(); unknown fields are an error naming them."""
+        try:
+            s1 = _build(Stage1Config, d.get("stage1", {}), "stage1")
+            s2 = _build(Stage2Config, d.get("stage2", {}), "stage2")
+            return cls(stage1=s1, stage2=s2)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"invalid editor config: {e}") from None
+
+
+def _build(cls, d: dict, name: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    extra = sorted(set(d) - known)
+    if extra:
+        raise ValueError(f"{name} has unknown fields {extra}")
+    d = dict(d)
+    for k, v in d.items():  # JSON/pickle may turn tuples into lists
+        if isinstance(v, list):
+            d[k] = tuple(v)
+    return cls(**d)
+
+
+class EditorModel(nn.Module):
+    """Stage I encoder + Stage II editor, with a per-asset Stage I cache."""
+
+    def __init__(self, config: EditorConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or EditorConfig()
+        self.stage1 = Stage1Encoder(self.config.stage1)
+        self.stage2 = Stage2Editor(self.config.stage2, self.config.stage1.latent_dim)
+        self._cache: dict[str, Stage1Latent] = {}
+
+    @classmethod
+    def initial(cls, config: EditorConfig | None = None, seed: int = DEFAULT_SEED) -> EditorModel:
+        """Deterministically seeded, untrained weights (same seed -> same weights)."""
+        state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(seed)
+            model = cls(config)
+        finally:
+            torch.random.set_rng_state(state)
+        return model.eval()
+
+    def num_parameters(self) -> dict[str, int]:
+        def count(m: nn.Module) -> int:
+            return sum(p.numel() for p in m.parameters())
+
+        return {"stage1": count(self.stage1), "stage2": count(self.stage2), "total": count(self)}
+
+    def weights_fingerprint(self) -> str:
+        import hashlib
+
+        h = hashlib.sha256()
+        for k, v in self.state_dict().items():
+            h.update(k.encode())
+            h.update(v.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def preprocess(self, asset) -> PreprocessViews:
+        return render_preprocess_views(asset, self.config.stage1)
+
+    @torch.no_grad()
+    def encode_asset(self, asset) -> Stage1Latent:
+        """Stage I for one asset, cached by (asset content, weights) hash."""
+        key = asset_content_hash(asset) + ":" + self.weights_fingerprint()
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self.stage1([asset], [self.preprocess(asset)])[0].detach()
+            self._cache = {key: hit}  # one asset at a time is what a session needs
+        return hit
+
+
+# ------------------------------------------------------------------------- checkpoints
+def save_checkpoint(model: EditorModel, path: str | os.PathLike[str], **extra: Any) -> None:
+    """Atomically write the model's checkpoint dict (extra keys are stored alongside)."""
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "config": asdict(model.config),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        **extra,
+    }
+    atomic_torch_save(payload, path)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
+    """torch.save to a temp file in the target directory, then os.replace over `path`."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load and check the envelope of a checkpoint file (not the weights)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file") from None
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({e})") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise CheckpointError(f"{path}: not a {CHECKPOINT_FORMAT} checkpoint (format={got!r})")
+    if int(payload.get("version", -1)) > CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint version {payload.get('version')} is newer than supported "
+            f"({CHECKPOINT_VERSION})"
+        )
+    for key in ("config", "state_dict"):
+        if not isinstance(payload.get(key), dict):
+            raise CheckpointError(f"{path}: checkpoint has no '{key}' dict")
+    return payload
+
+
+def check_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """Raise CheckpointError naming the first missing/unexpected/mis-shaped parameter."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    shapes = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)
+    ]
+    problems = []
+    if shapes:
+        problems.append(
+            f"shape mismatch {shapes[0]}" + (f" (+{len(shapes) - 1} more)" * (len(shapes) > 1))
+        )
+    if missing:
+        problems.append(
+            f"missing {missing[0]}" + (f" (+{len(missing) - 1} more)" * (len(missing) > 1))
+        )
+    if unexpected:
+        problems.append(
+            f"unexpected {unexpected[0]}"
+            + (f" (+{len(unexpected) - 1} more)" * (len(unexpected) > 1))
+        )
+    if problems:
+        raise CheckpointError(
+            f"{source}: weights do not fit the architecture: " + "; ".join(problems)
+        )
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> EditorModel:
+    """Build the model the checkpoint describes and load its weights."""
+    payload = read_checkpoint(path)
+    model = EditorModel(EditorConfig.from_dict(payload["config"]))
+    check_state_dict(model, payload["state_dict"], str(path))
+    model.load_state_dict(payload["state_dict"])
+    return model.eval()
+
+
+def load_weights_into(model: EditorModel, path: str | os.PathLike[str]) -> EditorModel:
+    """Load a checkpoint into an existing model; config or weight mismatches are named."""
+    payload = read_checkpoint(path)
+    ours = asdict(model.config)
+    theirs = asdict(EditorConfig.from_dict(payload["config"]))
+    diffs = [
+        f"{stage}.{k}: checkpoint {theirs[stage][k]!r} vs model {v!r}"
+        for stage in ("stage1", "stage2")
+        for k, v in ours[stage].items()
+        if theirs[stage].get(k) != v
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"{path}: architecture mismatch: {diffs[0]}"
+            + (f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else "")
+        )
+    check_state_dict(model, payload["state_dict"], str(path))
+    model.load_state_dict(payload["state_dict"])
+    return model

@@ -1,0 +1,381 @@
+"""Stage I: a compact, feature-rich latent on a voxel grid (runs once per asset, then cached).
+
+Pipeline for one asset (several assets are concatenated and processed together):
+
+1. Voxelise: positions are normalised to the asset's bounding cube (centre 0, side 1) and binned
+   on a `grid_size`^3 grid; each Gaussian belongs to one occupied voxel.
+2. Per-Gaussian input = its own attributes (normalised position, rotation, log-scale relative to
+   the cube, opacity, colour, higher SH bands padded to degree 3) + a Fourier encoding of its
+   position + image features pooled from a few preprocessing renders.  The image features play
+   the role of the paper's LRM: a small learned conv encoder runs on orbit renders, and each
+   Gaussian samples the feature map at its projected centre in the views where it is visible
+   (mean over those views, plus the visible fraction).  Visibility is the renderer's own: the
+   Gaussian's total compositing weight in that view (occlusion and opacity included) must reach
+   `vis_min_weight` pixels.  (A depth test against the rendered depth was tried first; with
+   large flat splats the alpha-blended depth disagrees with per-Gaussian depth too often.)
+3. A local transformer attends among the Gaussians of each voxel.  Big voxels are split into
+   groups of at most `max_group` members so the padded batch stays small whatever the density.
+4. Voxel latent = MLP(mean of member features) (+ a mix of the 26-neighbourhood); per-Gaussian
+   feature = a linear read-out of its transformer output.
+5. A decoder maps (voxel latent, Gaussian feature) back to appearance attributes; it is what the
+   Stage I auto-encoding loss trains, and Stage II's heads consume the same two inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from splatpainter.model.layers import MLP, TransformerBlock, fourier_encode, segment_mean
+
+SH_C0 = 0.28209479177387814
+MAX_SH_REST = 15  # coefficients beyond DC at degree 3
+ATTR_DIM = 3 + 4 + 3 + 1 + 3 + 3 * MAX_SH_REST
+
+
+@dataclass
+class Stage1Config:
+    """Sizes of the Stage I encoder/decoder."""
+
+    grid_size: int = 20
+    dim: int = 64  # per-Gaussian width inside the local transformer
+    latent_dim: int = 128  # voxel latent width (= Stage II token width)
+    gauss_feat_dim: int = 32
+    num_layers: int = 2
+    num_heads: int = 4
+    fourier_freqs: int = 6
+    max_group: int = 64
+    neighbor_mix: bool = True
+    image_feat_dim: int = 16
+    num_views: int = 4
+    view_size: int = 64
+    vis_min_weight: float = 0.1  # compositing weight (pixels) for "visible in this view"
+    decode_sh_rest: bool = False
+    decode_opacity: bool = False
+
+    def __post_init__(self) -> None:
+        if self.grid_size < 1 or self.max_group < 1 or self.num_views < 0:
+            raise ValueError("grid_size and max_group must be >= 1, num_views >= 0")
+        if self.dim % self.num_heads != 0:
+            raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
+
+
+# ------------------------------------------------------------------------- voxelisation
+@dataclass
+class Voxelization:
+    """How an asset's Gaussians map to voxels (all tensors on the asset's device)."""
+
+    center: torch.Tensor  # [3] bounding-cube centre
+    extent: torch.Tensor  # [] bounding-cube side
+    gauss_voxel: torch.Tensor  # [N] voxel index of each Gaussian (0..V-1)
+    voxel_ijk: torch.Tensor  # [V, 3] integer grid coordinates (sorted by linear id)
+    grid_size: int
+
+    @property
+    def num_voxels(self) -> int:
+        return int(self.voxel_ijk.shape[0])
+
+    def normalize(self, points: torch.Tensor) -> torch.Tensor:
+        """World points -> bounding-cube coordinates in [-0.5, 0.5]."""
+        return (points - self.center) / self.extent
+
+    def voxel_centers(self) -> torch.Tensor:
+        """Voxel centres in normalised coordinates [V, 3]."""
+        return (self.voxel_ijk.to(self.center.dtype) + 0.5) / self.grid_size - 0.5
+
+
+def voxelize(means: torch.Tensor, grid_size: int) -> Voxelization:
+    """Bin Gaussian centres on a grid over their bounding cube."""
+    if means.shape[0] == 0:
+        raise ValueError("cannot voxelise an asset with no Gaussians")
+    m = means.detach()
+    lo, hi = m.min(0).values, m.max(0).values
+    center = (lo + hi) / 2
+    extent = (hi - lo).max().clamp_min(1e-6)
+    ijk = (((m - center) / extent + 0.5) * grid_size).floor().long().clamp(0, grid_size - 1)
+    lin = (ijk[:, 0] * grid_size + ijk[:, 1]) * grid_size + ijk[:, 2]
+    uniq, inverse = torch.unique(lin, sorted=True, return_inverse=True)
+    g2 = grid_size * grid_size
+    voxel_ijk = torch.stack([uniq // g2, (uniq // grid_size) % grid_size, uniq % grid_size], -1)
+    return Voxelization(center, extent, inverse, voxel_ijk, grid_size)
+
+
+def gaussian_attributes(asset, vox: Voxelization) -> torch.Tensor:
+    """Per-Gaussian attribute vector [N, ATTR_DIM] in the asset's normalised frame."""
+    n = asset.num_gaussians
+    q = F.normalize(asset.quats, dim=-1)
+    q = q * torch.where(q[:, :1] < 0, -1.0, 1.0)  # q and -q are the same rotation
+    rest = asset.sh[:, 1:, :].reshape(n, -1)
+    rest = F.pad(rest, (0, 3 * MAX_SH_REST - rest.shape[1]))
+    return torch.cat(
+        [
+            vox.normalize(asset.means) * 2.0,
+            q,
+            asset.log_scales - vox.extent.log(),
+            torch.sigmoid(asset.opacity_logits)[:, None],
+            0.5 + SH_C0 * asset.sh[:, 0, :],
+            rest,
+        ],
+        dim=-1,
+    )
+
+
+def asset_content_hash(asset) -> str:
+    """sha256 over the asset's tensors: the Stage I cache key."""
+    h = hashlib.sha256()
+    for name, t in asset.tensors().items():
+        a = t.detach().cpu().contiguous()
+        h.update(name.encode())
+        h.update(str(tuple(a.shape)).encode() + str(a.dtype).encode())
+        h.update(a.numpy().tobytes())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------- image features
+@dataclass
+class PreprocessViews:
+    """Renders of an asset used for image features: rgb [V,H,W,3], alpha [V,H,W], and each
+    Gaussian's total compositing weight per view, weights [V,N]."""
+
+    rgb: torch.Tensor
+    alpha: torch.Tensor
+    weights: torch.Tensor
+    cameras: list
+
+    @property
+    def num_views(self) -> int:
+        return len(self.cameras)
+
+
+def render_preprocess_views(asset, config: Stage1Config) -> PreprocessViews:
+    """Orbit renders of the asset (the inputs of the image encoder) and visibility weights."""
+    from splatpainter.camera import orbit_cameras
+    from splatpainter.render import render, splat_weights
+
+    n, s = config.num_views, config.view_size
+    a = asset.detach()
+    if n == 0:
+        z = a.means.new_zeros(0, s, s)
+        return PreprocessViews(z[..., None].expand(0, s, s, 3), z, a.means.new_zeros(0, len(a)), [])
+    cams = [c.to(a.device) for c in orbit_cameras(a, n, width=s, height=s, elevation_deg=25.0)]
+    rgbs, alphas, weights = [], [], []
+    for cam in cams:
+        with torch.no_grad():
+            out = render(a, cam)
+        rgbs.append(out.rgb)
+        alphas.append(out.alpha)
+        weights.append(splat_weights(a, cam))
+    return PreprocessViews(torch.stack(rgbs), torch.stack(alphas), torch.stack(weights), cams)
+
+
+class ImageEncoder(nn.Module):
+    """A small conv net on rgb+alpha renders -> feature maps at half resolution."""
+
+    def __init__(self, out_dim: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(4, 16, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.GELU(),
+            nn.Conv2d(32, out_dim, 3, padding=1),
+        )
+
+    def forward(self, rgb: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([rgb, alpha[..., None]], dim=-1).permute(0, 3, 1, 2)
+        return self.net(x)
+
+
+def pool_image_features(
+    feats: torch.Tensor, views: PreprocessViews, means: torch.Tensor, vis_min_weight: float
+) -> torch.Tensor:
+    """Mean feature over the views where each Gaussian is visible, + the visible fraction.
+
+    feats: [V, C, h, w] feature maps of the renders; sampled (bilinear) at the projected centre.
+    Returns [N, C + 1].
+    """
+    n, c = means.shape[0], feats.shape[1]
+    acc = means.new_zeros(n, c)
+    count = means.new_zeros(n)
+    for i, cam in enumerate(views.cameras):
+        uv, _ = cam.project(means.detach())
+        grid = torch.stack([uv[:, 0] / cam.width * 2 - 1, uv[:, 1] / cam.height * 2 - 1], -1)
+        f = F.grid_sample(
+            feats[i : i + 1], grid[None, :, None, :].to(feats.dtype), align_corners=False
+        )
+        vis = (views.weights[i] >= vis_min_weight).to(means.dtype)
+        acc = acc + f.view(c, n).T * vis[:, None]
+        count = count + vis
+    pooled = acc / count.clamp_min(1)[:, None]
+    frac = count / max(views.num_views, 1)
+    return torch.cat([pooled, frac[:, None]], dim=-1)
+
+
+# ------------------------------------------------------------------------- grouping
+def member_groups(gauss_voxel: torch.Tensor, max_group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad members of each voxel into groups of <= max_group: (index [S, L], valid [S, L]).
+
+    Index entries of padding slots are 0 (masked out by `valid`).
+    """
+    n = gauss_voxel.shape[0]
+    order = torch.argsort(gauss_voxel, stable=True)
+    sorted_vox = gauss_voxel[order]
+    counts = torch.bincount(sorted_vox)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n, device=gauss_voxel.device) - starts[sorted_vox]
+    sub = rank // max_group
+    slot = rank % max_group
+    max_sub = int(sub.max()) + 1
+    key = sorted_vox * max_sub + sub
+    _, group = torch.unique(key, sorted=True, return_inverse=True)
+    num_groups = int(group.max()) + 1
+    width = min(max_group, int(counts.max()))
+    index = torch.zeros(num_groups, width, dtype=torch.long, device=gauss_voxel.device)
+    valid = torch.zeros(num_groups, width, dtype=torch.bool, device=gauss_voxel.device)
+    index[group, slot] = order
+    valid[group, slot] = True
+    return index, valid
+
+
+def neighbor_mean(voxel_lin: torch.Tensor, voxel_ijk: torch.Tensor, values: torch.Tensor, g: int):
+    """Mean of `values` over each voxel's occupied 26-neighbourhood (0 where none).
+
+    voxel_lin must be sorted ascending (unique linear ids, offset per asset so assets never mix).
+    """
+    acc = torch.zeros_like(values)
+    cnt = values.new_zeros(values.shape[0])
+    base = voxel_lin - ((voxel_ijk[:, 0] * g + voxel_ijk[:, 1]) * g + voxel_ijk[:, 2])
+    for dx in (-1, 0, 1):
+        for dy in (-1, 0, 1):
+            for dz in (-1, 0, 1):
+                if dx == dy == dz == 0:
+                    continue
+                nb = voxel_ijk + torch.tensor([dx, dy, dz], device=voxel_ijk.device)
+                ok = ((nb >= 0) & (nb < g)).all(-1)
+                lin = base + (nb[:, 0] * g + nb[:, 1]) * g + nb[:, 2]
+                pos = torch.searchsorted(voxel_lin, lin).clamp_max(voxel_lin.shape[0] - 1)
+                ok = ok & (voxel_lin[pos] == lin)
+                acc = acc + values[pos] * ok[:, None].to(values.dtype)
+                cnt = cnt + ok.to(values.dtype)
+    return acc / cnt.clamp_min(1)[:, None]
+
+
+# ------------------------------------------------------------------------- the model
+@dataclass
+class Stage1Latent:
+    """Stage I output for one asset."""
+
+    vox: Voxelization
+    voxel_latent: torch.Tensor  # [V, latent_dim]
+    gauss_feat: torch.Tensor  # [N, gauss_feat_dim]
+
+    def detach(self) -> Stage1Latent:
+        return Stage1Latent(self.vox, self.voxel_latent.detach(), self.gauss_feat.detach())
+
+    def to_dict(self) -> dict:
+        v = self.vox
+        return {
+            "center": v.center.cpu(),
+            "extent": v.extent.cpu(),
+            "gauss_voxel": v.gauss_voxel.cpu(),
+            "voxel_ijk": v.voxel_ijk.cpu(),
+            "grid_size": v.grid_size,
+            "voxel_latent": self.voxel_latent.detach().cpu(),
+            "gauss_feat": self.gauss_feat.detach().cpu(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, device: torch.device | str = "cpu") -> Stage1Latent:
+        vox = Voxelization(
+            d["center"].to(device),
+            d["extent"].to(device),
+            d["gauss_voxel"].to(device),
+            d["voxel_ijk"].to(device),
+            int(d["grid_size"]),
+        )
+        return cls(vox, d["voxel_latent"].to(device), d["gauss_feat"].to(device))
+
+
+class Stage1Encoder(nn.Module):
+    """Asset (+ preprocessing renders) -> voxel latents and per-Gaussian features."""
+
+    def __init__(self, config: Stage1Config) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        in_dim = ATTR_DIM + 3 * 2 * c.fourier_freqs + c.image_feat_dim + 1
+        self.image_encoder = ImageEncoder(c.image_feat_dim)
+        self.embed = nn.Linear(in_dim, c.dim)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(c.dim, c.num_heads) for _ in range(c.num_layers)
+        )
+        self.norm = nn.LayerNorm(c.dim)
+        self.to_latent = MLP(c.dim, 2 * c.latent_dim, c.latent_dim)
+        self.neighbor = nn.Linear(c.latent_dim, c.latent_dim) if c.neighbor_mix else None
+        self.to_gauss = nn.Linear(c.dim, c.gauss_feat_dim)
+        out_dim = 3 + (3 * MAX_SH_REST if c.decode_sh_rest else 0) + int(c.decode_opacity)
+        self.decoder = MLP(c.latent_dim + c.gauss_feat_dim, 2 * c.latent_dim, out_dim)
+
+    def gaussian_inputs(self, asset, vox: Voxelization, views: PreprocessViews) -> torch.Tensor:
+        cfg = self.config
+        attrs = gaussian_attributes(asset, vox)
+        pos = fourier_encode(vox.normalize(asset.means) * 2.0, cfg.fourier_freqs)
+        if views.num_views > 0:
+            feats = self.image_encoder(views.rgb, views.alpha)
+            img = pool_image_features(feats, views, asset.means, cfg.vis_min_weight)
+        else:
+            img = asset.means.new_zeros(asset.num_gaussians, cfg.image_feat_dim + 1)
+        return torch.cat([attrs, pos, img], dim=-1)
+
+    def forward(self, assets: list, views: list[PreprocessViews]) -> list[Stage1Latent]:
+        """Encode a batch of assets with different Gaussian counts (concatenated, segmented)."""
+        cfg = self.config
+        g = cfg.grid_size
+        voxs = [voxelize(a.means, g) for a in assets]
+        x = torch.cat(
+            [self.gaussian_inputs(a, v, w) for a, v, w in zip(assets, voxs, views, strict=True)]
+        )
+        # Global voxel ids: assets occupy disjoint id ranges so groups never mix assets.
+        offsets, lins, total = [], [], 0
+        for v in voxs:
+            offsets.append(total)
+            ijk = v.voxel_ijk
+            lins.append(((ijk[:, 0] * g + ijk[:, 1]) * g + ijk[:, 2]) + len(lins) * g**3)
+            total += v.num_voxels
+        gvox = torch.cat([v.gauss_voxel + o for v, o in zip(voxs, offsets, strict=True)])
+        index, valid = member_groups(gvox, cfg.max_group)
+        h = self.embed(x)
+        tokens = h[index]  # [S, L, dim]
+        for block in self.blocks:
+            tokens = block(tokens, valid)
+        h = torch.zeros_like(h).index_put_((index[valid],), tokens[valid])
+        h = self.norm(h)
+        latent = self.to_latent(segment_mean(h, gvox, total))
+        if self.neighbor is not None:
+            lin = torch.cat(lins)
+            ijk = torch.cat([v.voxel_ijk for v in voxs])
+            latent = latent + self.neighbor(neighbor_mean(lin, ijk, latent, g))
+        gfeat = self.to_gauss(h)
+        out, n0 = [], 0
+        for v, o in zip(voxs, offsets, strict=True):
+            n = v.gauss_voxel.shape[0]
+            out.append(Stage1Latent(v, latent[o : o + v.num_voxels], gfeat[n0 : n0 + n]))
+            n0 += n
+        return out
+
+    def decode(self, latent: Stage1Latent) -> dict[str, torch.Tensor]:
+        """(voxel latent, Gaussian feature) -> appearance: sh_dc [N,3] (+ sh_rest, opacity)."""
+        z = torch.cat([latent.voxel_latent[latent.vox.gauss_voxel], latent.gauss_feat], dim=-1)
+        y = self.decoder(z)
+        out = {"sh_dc": y[:, :3]}
+        i = 3
+        if self.config.decode_sh_rest:
+            out["sh_rest"] = y[:, i : i + 3 * MAX_SH_REST].reshape(-1, MAX_SH_REST, 3)
+            i += 3 * MAX_SH_REST
+        if self.config.decode_opacity:
+            out["opacity_logits"] = y[:, i]
+        return out

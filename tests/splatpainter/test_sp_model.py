@@ -1,0 +1,275 @@
+"""Stage I / Stage II model pieces and the checkpoint format."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from splatpainter.assets.procedural import make_demo_asset, random_procedural_asset
+from splatpainter.model import (
+    CheckpointError,
+    EditorConfig,
+    EditorModel,
+    GaussianSignals,
+    Stage1Config,
+    Stage2Config,
+    load_checkpoint,
+    load_weights_into,
+    save_checkpoint,
+)
+from splatpainter.model.stage1 import (
+    Stage1Latent,
+    asset_content_hash,
+    member_groups,
+    neighbor_mean,
+    voxelize,
+)
+from splatpainter.model.stage2 import VIEW_CHANNELS, EditSample, patchify
+
+
+def small_config(**s2) -> EditorConfig:
+    return EditorConfig(
+        stage1=Stage1Config(
+            grid_size=8, dim=32, latent_dim=64, num_layers=1, num_views=2, view_size=32
+        ),
+        stage2=Stage2Config(dim=64, num_blocks=1, head_hidden=32, **s2),
+    )
+
+
+def test_voxelize_assigns_each_gaussian_its_cell():
+    means = torch.rand(500, 3, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    vox = voxelize(means, 4)
+    ijk = vox.voxel_ijk[vox.gauss_voxel]
+    cell = ((vox.normalize(means) + 0.5) * 4).floor().clamp(0, 3).long()
+    assert torch.equal(ijk, cell)
+    lin = (vox.voxel_ijk[:, 0] * 4 + vox.voxel_ijk[:, 1]) * 4 + vox.voxel_ijk[:, 2]
+    assert torch.all(lin[1:] > lin[:-1])  # unique, sorted
+    c = vox.voxel_centers()[vox.gauss_voxel]
+    assert (c - vox.normalize(means)).abs().max() <= 0.5 / 4 + 1e-6
+
+
+def test_member_groups_cover_each_gaussian_once_within_one_voxel():
+    gv = torch.tensor([0] * 7 + [1] * 2 + [2] * 11 + [3])
+    gv = gv[torch.randperm(len(gv), generator=torch.Generator().manual_seed(1))]
+    index, valid = member_groups(gv, max_group=4)
+    assert index.shape[1] == 4
+    members = index[valid]
+    assert torch.equal(members.sort().values, torch.arange(len(gv)))
+    for row, ok in zip(index, valid, strict=True):
+        assert ok.any() and len(set(gv[row[ok]].tolist())) == 1
+
+
+def test_neighbor_mean_matches_brute_force():
+    g = 5
+    ijk = torch.tensor([[0, 0, 0], [0, 0, 1], [1, 1, 1], [3, 3, 3], [4, 4, 4], [2, 3, 3]])
+    lin = (ijk[:, 0] * g + ijk[:, 1]) * g + ijk[:, 2]
+    order = torch.argsort(lin)
+    ijk, lin = ijk[order], lin[order]
+    vals = torch.randn(len(lin), 3)
+    got = neighbor_mean(lin, ijk, vals, g)
+    for i in range(len(lin)):
+        d = (ijk - ijk[i]).abs().max(-1).values
+        nb = (d == 1).nonzero().flatten()
+        want = vals[nb].mean(0) if len(nb) else torch.zeros(3)
+        torch.testing.assert_close(got[i], want)
+
+
+def test_stage1_batch_of_different_sizes_equals_one_by_one():
+    model = EditorModel.initial(small_config())
+    a = random_procedural_asset(1, n=300).asset
+    b = random_procedural_asset(2, n=450).asset
+    views = [model.preprocess(x) for x in (a, b)]
+    with torch.no_grad():
+        batched = model.stage1([a, b], views)
+        single = [model.stage1([x], [v])[0] for x, v in zip((a, b), views, strict=True)]
+    for p, q in zip(batched, single, strict=True):
+        torch.testing.assert_close(p.voxel_latent, q.voxel_latent, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(p.gauss_feat, q.gauss_feat, rtol=1e-4, atol=1e-5)
+    assert batched[1].gauss_feat.shape == (450, 32)
+    dec = model.stage1.decode(batched[0])
+    assert dec["sh_dc"].shape == (300, 3)
+
+
+def test_image_features_see_the_asset():
+    model = EditorModel.initial(small_config())
+    asset = make_demo_asset(800).asset
+    views = model.preprocess(asset)
+    x = model.stage1.gaussian_inputs(asset, voxelize(asset.means, 8), views)
+    frac = x[:, -1]
+    # Most surface Gaussians are seen by at least one of two orbit views; not all (occlusion).
+    assert 0.3 < float((frac > 0).float().mean()) < 1.0
+
+
+def test_stage1_is_cached_by_content():
+    model = EditorModel.initial(small_config())
+    asset = make_demo_asset(400).asset
+    la = model.encode_asset(asset)
+    assert model.encode_asset(asset.clone()) is la
+    other = asset.replace(sh=asset.sh + 0.1)
+    assert asset_content_hash(other) != asset_content_hash(asset)
+    assert model.encode_asset(other) is not la
+
+
+def test_stage1_latent_roundtrip_dict():
+    model = EditorModel.initial(small_config())
+    lat = model.encode_asset(make_demo_asset(300).asset)
+    back = Stage1Latent.from_dict(lat.to_dict())
+    assert torch.equal(back.voxel_latent, lat.voxel_latent)
+    assert torch.equal(back.vox.gauss_voxel, lat.vox.gauss_voxel)
+
+
+def _sample(model, asset, signals, hw=16):
+    lat = model.encode_asset(asset)
+    view = torch.rand(hw, hw, VIEW_CHANNELS, generator=torch.Generator().manual_seed(3))
+    view[..., -1] = 1.0
+    return EditSample(lat, [view], signals, 0.5 + 0.28209479 * asset.sh[:, 0])
+
+
+def test_stage2_gate_zero_means_exactly_zero_deltas():
+    model = EditorModel.initial(small_config(predict_opacity=True, predict_sh_rest=True))
+    asset = make_demo_asset(300).asset
+    n = asset.num_gaussians
+    z = torch.zeros(n)
+    sig = GaussianSignals(torch.randn(n, 3), z.clone(), z.clone(), z.clone())
+    with torch.no_grad():
+        out, _ = model.stage2([_sample(model, asset, sig)], model.stage2.init_state(1))
+    d = out[0]
+    assert torch.equal(d["gate"], z)
+    for k in ("sh_dc", "sh_rest", "opacity_logits"):
+        assert torch.count_nonzero(d[k]) == 0
+
+
+def test_stage2_deltas_and_state_depend_on_edit():
+    model = EditorModel.initial(small_config())
+    asset = make_demo_asset(300).asset
+    n = asset.num_gaussians
+    g = torch.Generator().manual_seed(4)
+    sig = GaussianSignals(
+        torch.randn(n, 3, generator=g) * 0.1, torch.full((n,), 0.2), torch.ones(n), torch.ones(n)
+    )
+    state0 = model.stage2.init_state(1)
+    with torch.no_grad():
+        out, state1 = model.stage2([_sample(model, asset, sig)], state0)
+        out2, _ = model.stage2([_sample(model, asset, sig)], state1)
+    assert out[0]["sh_dc"].abs().sum() > 0
+    assert not torch.equal(state1[0].w0, state0[0].w0)
+    assert not torch.allclose(out[0]["sh_dc"], out2[0]["sh_dc"])
+
+
+def test_stage2_is_trainable_end_to_end():
+    model = EditorModel(small_config())
+    asset = make_demo_asset(200).asset
+    n = asset.num_gaussians
+    sig = GaussianSignals(
+        torch.randn(n, 3) * 0.1, torch.full((n,), 0.2), torch.ones(n), torch.ones(n)
+    )
+    lat = model.stage1([asset], [model.preprocess(asset)])[0]
+    view = torch.rand(16, 16, VIEW_CHANNELS)
+    sample = EditSample(lat, [view], sig, torch.rand(n, 3))
+    out, _ = model.stage2([sample], model.stage2.init_state(1))
+    out[0]["sh_dc"].square().sum().backward()
+    assert model.stage2.blocks[0].ttt.w0.grad.abs().sum() > 0
+    assert model.stage1.embed.weight.grad.abs().sum() > 0
+
+
+def test_patchify_pads_and_orders():
+    img = torch.arange(5 * 6 * 2, dtype=torch.float32).reshape(5, 6, 2)
+    toks, cover = patchify(img, 4)
+    assert toks.shape == (2 * 2, 4 * 4 * 2)
+    # First token = top-left 4x4 block, row-major pixels, channels last.
+    torch.testing.assert_close(toks[0].view(4, 4, 2), img[:4, :4])
+    assert cover.shape == (4,)
+
+
+def test_checkpoint_roundtrip(tmp_path):
+    model = EditorModel.initial(small_config(), seed=7)
+    path = tmp_path / "w.pt"
+    save_checkpoint(model, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["w.pt"]  # no temp file left behind
+    payload = torch.load(path, weights_only=True)
+    assert payload["format"] == "splatpainter-editor" and payload["version"] == 1
+    assert payload["config"] == dataclasses.asdict(model.config)
+    back = load_checkpoint(path)
+    assert back.weights_fingerprint() == model.weights_fingerprint()
+    other = EditorModel.initial(small_config(), seed=8)
+    assert other.weights_fingerprint() != model.weights_fingerprint()
+    load_weights_into(other, path)
+    assert other.weights_fingerprint() == model.weights_fingerprint()
+
+
+def test_checkpoint_wrong_architecture_is_named(tmp_path):
+    path = tmp_path / "w.pt"
+    save_checkpoint(EditorModel.initial(small_config()), path)
+    bigger = EditorModel.initial(
+        dataclasses.replace(small_config(), stage2=Stage2Config(dim=64, num_blocks=2))
+    )
+    with pytest.raises(CheckpointError, match=r"stage2\.num_blocks"):
+        load_weights_into(bigger, path)
+    # A config that claims one architecture but carries weights of another.
+    payload = torch.load(path, weights_only=True)
+    payload["config"]["stage2"]["head_hidden"] = 48
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match=r"shape mismatch stage2\.head\.fc1\.weight"):
+        load_checkpoint(path)
+    payload["config"]["stage2"]["bogus"] = 1
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="unknown fields"):
+        load_checkpoint(path)
+    torch.save({"model": {}}, path)
+    with pytest.raises(CheckpointError, match="not a splatpainter-editor"):
+        load_checkpoint(path)
+    path.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="not a readable"):
+        load_checkpoint(path)
+
+
+def test_initial_weights_are_deterministic():
+    a = EditorModel.initial(small_config())
+    b = EditorModel.initial(small_config())
+    assert a.weights_fingerprint() == b.weights_fingerprint()
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="gauss_feat_dim"):
+        EditorConfig(stage1=Stage1Config(gauss_feat_dim=16), stage2=Stage2Config())
+    with pytest.raises(ValueError, match="delta_scope"):
+        Stage2Config(delta_scope="everywhere")
+
+
+def test_global_scope_gate_is_one_scalar_and_still_exact_zero():
+    model = EditorModel.initial(small_config(delta_scope="global"))
+    n = 6
+    z = torch.zeros(n)
+    sig = GaussianSignals(
+        torch.zeros(n, 3),
+        torch.tensor([0.0, 0.5, 0.0, 0.0, 0.0, 0.0]),
+        torch.tensor([0.0, 0.8, 0.0, 0.0, 0.0, 0.0]),
+        torch.tensor([0.0, 2.0, 0.0, 0.0, 0.0, 0.0]),
+    )
+    gate = model.stage2.gate(sig)
+    torch.testing.assert_close(gate, torch.full((n,), 0.8))
+    nothing = GaussianSignals(torch.zeros(n, 3), z, z, z)
+    assert torch.equal(model.stage2.gate(nothing), z)
+
+
+def test_stage2_batch_of_different_sizes_equals_one_by_one():
+    model = EditorModel.initial(small_config())
+    samples = []
+    for seed, n, hw in ((1, 250, 16), (2, 400, 24)):
+        asset = random_procedural_asset(seed, n=n).asset
+        g = torch.Generator().manual_seed(seed)
+        sig = GaussianSignals(
+            torch.randn(n, 3, generator=g) * 0.1,
+            torch.rand(n, generator=g),
+            torch.rand(n, generator=g),
+            torch.rand(n, generator=g),
+        )
+        samples.append(_sample(model, asset, sig, hw=hw))
+    with torch.no_grad():
+        batched, state_b = model.stage2(samples, model.stage2.init_state(2))
+        for i, s in enumerate(samples):
+            single, state_s = model.stage2([s], model.stage2.init_state(1))
+            torch.testing.assert_close(
+                batched[i]["sh_dc"], single[0]["sh_dc"], rtol=1e-4, atol=1e-5
+            )
+            torch.testing.assert_close(state_b[0].w1[i], state_s[0].w1[0], rtol=1e-4, atol=1e-5)
