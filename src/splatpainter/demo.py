@@ -52,6 +52,7 @@ def run(out: Path, size: int = 256, method: str = "backproject") -> dict[str, fl
     edited[mask] = PAINT
 
     meth = BackprojectMethod() if method == "backproject" else OptimizeMethod(steps=60)
+    EditSession(asset, meth).apply(EditView(edit_cam, edited))  # warm-up: one-time JIT compile
     session = EditSession(asset, meth)
     t0 = time.perf_counter()
     new = session.apply(EditView(edit_cam, edited))

@@ -51,6 +51,19 @@ class Problem:
     max_tokens: int | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     floor: float = 0.0
+    src: np.ndarray | None = None  # [n] local source rank (exact staying tokens); optional
+
+    @cached_property
+    def stay_home(self) -> np.ndarray:
+        """[n] tokens that stay on the source rank when the sequence sits in its home bag:
+        there its chunk index is the source rank's position j in the bag, so it keeps
+        ``L // g`` tokens, plus one if ``j < L % g`` (np.array_split convention)."""
+        g = self.sizes[self.home]
+        q, rem = np.divmod(self.lengths, g)
+        if self.src is None:
+            return q
+        first = np.cumsum(self.sizes) - self.sizes
+        return q + ((self.src - first[self.home]) < rem)
 
     @property
     def n(self) -> int:
@@ -243,7 +256,6 @@ def solve_reference(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
         return bag, {}
     K = p.class_sizes.shape[0]
     w1 = p.cost.t(p.lengths, 1)
-    W = p.tg * p.class_sizes[None, :]  # workload accounted in a g_k bag (= W for flops)
     C = float(w1.sum()) / p.num_gpus
     order = np.argsort(-w1, kind="stable")
     # Within one size class, lowest occupancy == lowest assigned work; the capacity test is
@@ -253,31 +265,45 @@ def solve_reference(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
         heaps[int(p.cls[b])].append((0.0, b))
     for h in heaps:
         heapq.heapify(h)
+    if K == 1:
+        # One class: the candidate (if any) and the fallback are both the least-used bag.
+        h = heaps[0]
+        g0 = float(p.class_sizes[0])
+        out = []
+        push = out.append
+        for ws in (p.tg[order, 0] * g0).tolist():
+            used, b = h[0]
+            heapq.heapreplace(h, (used + ws, b))
+            push(b)
+        bag[order] = out
+        return bag, {}
+    W = p.tg[order] * p.class_sizes[None, :]  # workload accounted in a g_k bag (= W for flops)
     caps = [float(g) * C for g in p.class_sizes.tolist()]
-    Wl = W.tolist()
-    Ll = p.lengths.tolist()
     gs = p.class_sizes.tolist()
     largest = K - 1
-    for s in order.tolist():
-        ws = Wl[s]
+    ks = range(K)
+    out = []
+    push = out.append
+    for ws, ln in zip(W.tolist(), p.lengths[order].tolist(), strict=True):
         best_k = -1
         best_ratio = 0.0
         best_b = 0
-        for k in range(K):
-            h = heaps[k]
-            if not h or Ll[s] < gs[k]:
-                continue
-            used, b = h[0]
-            if caps[k] - used >= ws[k]:
-                ratio = used / caps[k] if caps[k] > 0 else 0.0
+        for k in ks:
+            if ln < gs[k]:
+                break  # sizes ascend: no larger class qualifies either
+            used, b = heaps[k][0]
+            cap = caps[k]
+            if cap - used >= ws[k]:
+                ratio = used / cap if cap > 0 else 0.0
                 if best_k < 0 or ratio < best_ratio or (ratio == best_ratio and b < best_b):
                     best_k, best_ratio, best_b = k, ratio, b
         if best_k < 0:
             best_k = largest
-            best_b = heaps[largest][0][1]
-        used, b = heaps[best_k][0]
-        heapq.heapreplace(heaps[best_k], (used + ws[best_k], b))
-        bag[s] = b
+        h = heaps[best_k]
+        used, b = h[0]
+        heapq.heapreplace(h, (used + ws[best_k], b))
+        push(b)
+    bag[order] = out
     return bag, {}
 
 
@@ -835,10 +861,9 @@ def _local_search(
     return st.bag, st.load, it
 
 
-def _locality_pass(p: Problem, bag: np.ndarray, load: np.ndarray, slack: float) -> int:
-    """Bring sequences back to their home bag when that keeps the makespan (plus slack); a
-    replica lighter than the step's bound (``p.floor``) may fill up to that bound."""
-    limit = max(float(load.max()), p.floor) * (1.0 + slack)
+def _locality_pass(p: Problem, bag: np.ndarray, load: np.ndarray, limit: float) -> int:
+    """Bring sequences back to their home bag where that bag stays within ``limit``, the most
+    staying tokens first. Returns the number of sequences moved."""
     away = np.flatnonzero(bag != p.home)
     if away.size == 0:
         return 0
@@ -847,29 +872,198 @@ def _locality_pass(p: Problem, bag: np.ndarray, load: np.ndarray, slack: float) 
     if not fits.any():
         return 0
     away = away[fits]
-    away = away[np.argsort(-p.lengths[away], kind="stable")]
+    stay = p.stay_home
+    away = away[np.lexsort((away, -stay[away]))]
+    away = away[stay[away] > 0]
     budget = p.max_tokens
     tokk = p.tok() if budget is not None else None
     toks = p.bag_tokens(bag) if budget is not None else None
     moved = 0
-    for s in away.tolist():
-        h = int(p.home[s])
-        kh = int(p.cls[h])
-        a = p.tg[s, kh]
-        if load[h] + a > limit:
+    loadl = load.tolist()
+    tgl = p.tg[away].tolist()
+    cls = p.cls.tolist()
+    homes = p.home[away].tolist()
+    bags = bag[away].tolist()
+    for i, s in enumerate(away.tolist()):
+        h = homes[i]
+        kh = cls[h]
+        a = tgl[i][kh]
+        if loadl[h] + a > limit:
             continue
-        if toks is not None and toks[h] + tokk[s, kh] > budget:
-            continue
-        b = int(bag[s])
-        kb = int(p.cls[b])
-        load[b] -= p.tg[s, kb]
-        load[h] += a
+        b = bags[i]
+        kb = cls[b]
         if toks is not None:
+            if toks[h] + tokk[s, kh] > budget:
+                continue
             toks[b] -= tokk[s, kb]
             toks[h] += tokk[s, kh]
+        loadl[b] -= tgl[i][kb]
+        loadl[h] += a
         bag[s] = h
         moved += 1
+    if moved:
+        load[:] = loadl
     return moved
+
+
+def _greedy_assignment(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, m: int) -> np.ndarray:
+    """Heavy-first matching on a sparse ``m x m`` gain matrix (entries rows/cols/vals > 0):
+    repeatedly take every entry that is the largest of both its row and its column among the
+    unmatched ones (ties: lowest entry index); unmatched rows then map to themselves where
+    possible, else to the free columns in order. Returns ``perm`` (row -> column)."""
+    perm = np.full(m, -1, dtype=np.int64)
+    col_used = np.zeros(m, dtype=bool)
+    o = np.lexsort((np.arange(vals.size), -vals))
+    r, c = rows[o], cols[o]
+    for _ in range(8):  # vectorised rounds; a short tail is finished one by one below
+        if not r.size:
+            break
+        _, fr = np.unique(r, return_index=True)
+        _, fc = np.unique(c, return_index=True)
+        both = np.zeros(r.size, dtype=bool)
+        both[fr] = True
+        mutual = np.zeros(r.size, dtype=bool)
+        mutual[fc] = True
+        take = np.flatnonzero(both & mutual)
+        perm[r[take]] = c[take]
+        col_used[c[take]] = True
+        alive = (perm[r] < 0) & ~col_used[c]
+        r, c = r[alive], c[alive]
+    for i, j in zip(r.tolist(), c.tolist(), strict=True):
+        if perm[i] < 0 and not col_used[j]:
+            perm[i] = j
+            col_used[j] = True
+    free_r = np.flatnonzero(perm < 0)
+    if free_r.size:
+        ident = free_r[~col_used[free_r]]
+        perm[ident] = ident
+        col_used[ident] = True
+        free_r = np.flatnonzero(perm < 0)
+        perm[free_r] = np.flatnonzero(~col_used)
+    return perm
+
+
+def _relabel_home(p: Problem, bag: np.ndarray, load: np.ndarray) -> int:
+    """Bags of one size are interchangeable: permute whole bag contents among them so that
+    more tokens sit in their home bag. Loads (and token counts) are only permuted, so the
+    makespan is unchanged. Returns the number of sequences that changed bag."""
+    if p.n == 0:
+        return 0
+    stay = p.stay_home
+    B = p.num_bags
+    changed = 0
+    counts = np.bincount(p.cls, minlength=p.class_sizes.shape[0])
+    for k in np.flatnonzero(counts > 1).tolist():
+        idx = np.flatnonzero(p.cls == k)
+        m = idx.size
+        pos = np.full(B, -1, dtype=np.int64)
+        pos[idx] = np.arange(m)
+        pb, ph = pos[bag], pos[p.home]
+        sel = (pb >= 0) & (ph >= 0) & (stay > 0)
+        if not sel.any():
+            continue
+        g = np.bincount(pb[sel] * m + ph[sel], weights=stay[sel], minlength=m * m)
+        nz = np.flatnonzero(g)
+        perm = _greedy_assignment(nz // m, nz % m, g[nz], m)
+        if (perm == np.arange(m)).all():
+            continue
+        gain = g[np.arange(m) * m + perm].sum() - g[np.arange(m) * (m + 1)].sum()
+        if gain <= 0:
+            continue
+        inc = pb >= 0
+        new_bag = idx[perm[pb[inc]]]
+        changed += int((new_bag != bag[inc]).sum())
+        bag[inc] = new_bag
+        newload = load.copy()
+        newload[idx[perm]] = load[idx]
+        load[:] = newload
+    return changed
+
+
+def _home_swaps(
+    p: Problem, bag: np.ndarray, load: np.ndarray, limit: float, max_apply: int = 2048
+) -> int:
+    """Swap an away sequence s (in bag b, home h) with an away sequence u of bag h when both
+    bags stay within ``limit``: s goes home, and u too if its home is b. Partners are the
+    ``nb`` away items of h nearest (by GPU-time) to the middle of the window that keeps both
+    bags under the limit (exact for c = e = 0); every candidate is checked exactly, then
+    applied best gain first, re-checking loads. Returns the number of swaps."""
+    away = np.flatnonzero(bag != p.home)
+    if away.size < 2:
+        return 0
+    stay = p.stay_home
+    tgf = p.tg.ravel()
+    K = p.tg.shape[1]
+    cls, home, sizes = p.cls, p.home, p.sizes
+    w, scale = p.w1, p.w1_scale
+    keys = bag[away] + w[away] / scale
+    o = np.argsort(keys, kind="stable")
+    keys, part = keys[o], away[o]
+    s = away[stay[away] > 0]
+    h, b = home[s], bag[s]
+    lo = np.searchsorted(keys, h, side="left")
+    hi = np.searchsorted(keys, h + 1.0, side="left")
+    has = hi > lo
+    s, h, b, lo, hi = s[has], h[has], b[has], lo[has], hi[has]
+    if s.size == 0:
+        return 0
+    room_h = np.maximum(limit - load[h], 0.0) * sizes[h]
+    room_b = np.maximum(limit - load[b], 0.0) * sizes[b]
+    centre = w[s] + 0.5 * (room_b - room_h)
+    pos = np.searchsorted(keys, h + np.clip(centre, 0.0, None) / scale, side="left")
+    nb = 4
+    offs = np.arange(-(nb // 2), nb - nb // 2)
+    cand = (pos[:, None] + offs[None, :]).ravel()
+    rep = np.repeat(np.arange(s.size), nb)
+    valid = (cand >= lo[rep]) & (cand < hi[rep])
+    rep, cand = rep[valid], cand[valid]
+    si, ui, hh, bb = s[rep], part[cand], h[rep], b[rep]
+    kh, kb = cls[hh], cls[bb]
+    d_h = tgf[si * K + kh] - tgf[ui * K + kh]
+    d_b = tgf[ui * K + kb] - tgf[si * K + kb]
+    ok = (load[hh] + d_h <= limit) & (load[bb] + d_b <= limit)
+    if p.max_tokens is not None:
+        tokk, toks = p.tok(), p.bag_tokens(bag)
+        ok &= toks[hh] - tokk[ui, kh] + tokk[si, kh] <= p.max_tokens
+        ok &= toks[bb] - tokk[si, kb] + tokk[ui, kb] <= p.max_tokens
+    if not ok.any():
+        return 0
+    si, ui, hh, bb, d_h, d_b = si[ok], ui[ok], hh[ok], bb[ok], d_h[ok], d_b[ok]
+    gain = stay[si] + np.where(home[ui] == bb, stay[ui], 0)
+    o = np.lexsort((ui, si, -gain))[:max_apply]
+    loadl = load.tolist()
+    used = np.zeros(p.n, dtype=bool).tolist()
+    done_s, done_u = [], []
+    tokl = toks.tolist() if p.max_tokens is not None else None
+    for i, u, hb, bg, dh, db in zip(
+        si[o].tolist(),
+        ui[o].tolist(),
+        hh[o].tolist(),
+        bb[o].tolist(),
+        d_h[o].tolist(),
+        d_b[o].tolist(),
+        strict=True,
+    ):
+        if used[i] or used[u] or loadl[hb] + dh > limit or loadl[bg] + db > limit:
+            continue
+        if tokl is not None:
+            th = tokl[hb] - int(tokk[u, cls[hb]]) + int(tokk[i, cls[hb]])
+            tb = tokl[bg] - int(tokk[i, cls[bg]]) + int(tokk[u, cls[bg]])
+            if th > p.max_tokens or tb > p.max_tokens:
+                continue
+            tokl[hb], tokl[bg] = th, tb
+        loadl[hb] += dh
+        loadl[bg] += db
+        used[i] = used[u] = True
+        done_s.append(i)
+        done_u.append(u)
+    if done_s:
+        ds, du = np.asarray(done_s), np.asarray(done_u)
+        bs = bag[ds]
+        bag[ds] = bag[du]
+        bag[du] = bs
+        load[:] = loadl
+    return len(done_s)
 
 
 def _makespan(load: np.ndarray) -> float:
@@ -941,8 +1135,18 @@ def solve_ours(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
                 bag, load = rbag, rload
                 info["guard_used"] = True
     info["ls_iters"] = iters
-    _locality_pass(p, bag, load, slack)
+    _improve_locality(p, bag, load, max(_makespan(load), p.floor) * (1.0 + slack))
     return bag, info
+
+
+def _improve_locality(p: Problem, bag: np.ndarray, load: np.ndarray, limit: float) -> None:
+    """Keep tokens on their source rank without any bag going above ``limit``: relabel
+    interchangeable bags (free), move sequences home, swap pairs so one or both go home,
+    then move home again into the room the swaps left."""
+    _relabel_home(p, bag, load)
+    _locality_pass(p, bag, load, limit)
+    if _home_swaps(p, bag, load, limit):
+        _locality_pass(p, bag, load, limit)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1070,6 +1274,7 @@ def build_problem(
         cost=cost,
         max_tokens=max_tokens,
         options=options,
+        src=src_local,
     )
 
 
