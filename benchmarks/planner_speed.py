@@ -3,7 +3,8 @@
 Usage: python benchmarks/planner_speed.py [--repeats R] [--exact N] [--json]
 
 Prints, per case and solver, the median planning time (wall clock and process CPU time: on a
-shared machine the CPU time is the better estimate of an idle machine's wall time), the
+shared machine the CPU time is the better estimate of an idle machine's wall time; "best ms"
+is the median over instances of the fastest of ``--inner`` runs of each), the
 modelled max/mean, the gap to the lower bound and the share of tokens moved. Cases: 1,000
 sequences on 32 GPUs and 16,000 sequences on 1,024 GPUs (one 1,024-GPU group, and 32 replicas
 of a 32-GPU group). ``--exact N`` also reports ours vs the HiGHS optimum on N small instances.
@@ -41,7 +42,7 @@ CASES = [
 ]
 
 
-def speed(repeats: int, solvers: list[str]) -> list[dict]:
+def speed(repeats: int, solvers: list[str], inner: int = 3) -> list[dict]:
     cost = CostModel.flops(3072, 1.0)
     # warm-up (imports, first-call allocations) outside the timings
     plan_step(synthetic_lengths(100, 8, 0), BagLayout.parse("g1n4+g2n2", 8), cost)
@@ -49,7 +50,7 @@ def speed(repeats: int, solvers: list[str]) -> list[dict]:
     for name, n, world, spec in CASES:
         layout = BagLayout.parse(spec, world, 24)
         for solver in solvers:
-            wall, cpu, plans = [], [], []
+            wall, cpu, best, plans = [], [], [], []
             for rep in range(repeats):
                 lengths = synthetic_lengths(n, world, seed=rep)
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -57,6 +58,14 @@ def speed(repeats: int, solvers: list[str]) -> list[dict]:
                 cpu.append((time.process_time() - c0) * 1e3)
                 wall.append((time.perf_counter() - t0) * 1e3)
                 plans.append(plan)
+                # the fastest of a few runs of the same instance: robust to other load
+                runs = [wall[-1]]
+                for _ in range(inner - 1):
+                    t0 = time.perf_counter()
+                    again = plan_step(lengths, layout, cost, solver=solver)
+                    runs.append((time.perf_counter() - t0) * 1e3)
+                    assert np.array_equal(again.bag, plan.bag), "planner is not deterministic"
+                best.append(min(runs))
             rows.append(
                 {
                     "case": name,
@@ -66,6 +75,7 @@ def speed(repeats: int, solvers: list[str]) -> list[dict]:
                     "world_size": world,
                     "median_ms": float(np.median(wall)),
                     "median_cpu_ms": float(np.median(cpu)),
+                    "median_best_of_ms": float(np.median(best)),
                     "p90_ms": float(np.percentile(wall, 90)),
                     "median_balanced_max_over_mean": float(
                         np.median([p.balanced_max_over_mean for p in plans])
@@ -110,10 +120,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--solvers", default="ours,reference")
+    ap.add_argument("--inner", type=int, default=3, help="runs per instance for the best-of column")
     ap.add_argument("--exact", type=int, default=0, help="small instances vs the exact solver")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = speed(args.repeats, args.solvers.split(","))
+    rows = speed(args.repeats, args.solvers.split(","), max(1, args.inner))
     gap = exact_gap(args.exact) if args.exact > 0 else None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     if args.json:
@@ -121,12 +132,13 @@ def main() -> None:
         return
     print(f"(1-min load average {load:.1f} on {os.cpu_count()} CPUs)")
     print(
-        f"{'case':32s} {'solver':9s} {'wall ms':>8s} {'cpu ms':>7s} {'p90 ms':>7s} "
-        f"{'max/mean':>9s} {'gap':>8s} {'moved':>6s}"
+        f"{'case':32s} {'solver':9s} {'wall ms':>8s} {'cpu ms':>7s} {'best ms':>7s} "
+        f"{'p90 ms':>7s} {'max/mean':>9s} {'gap':>8s} {'moved':>6s}"
     )
     for r in rows:
         print(
             f"{r['case']:32s} {r['solver']:9s} {r['median_ms']:8.2f} {r['median_cpu_ms']:7.2f} "
+            f"{r['median_best_of_ms']:7.2f} "
             f"{r['p90_ms']:7.2f} {r['median_balanced_max_over_mean']:9.4f} "
             f"{r['median_gap']:8.4%} {r['median_tokens_moved_fraction']:6.3f}"
         )

@@ -154,7 +154,8 @@ def test_locality_phase_keeps_limit_and_never_loses_tokens(inst, seed, slack):
     mid = _staying(p, bag)
     assert mid >= before
     S._improve_locality(p, bag, load, limit)
-    np.testing.assert_allclose(load, p.bag_loads(bag), rtol=1e-9, atol=1e-9)
+    # (incremental updates: float drift relative to the largest load only)
+    np.testing.assert_allclose(load, p.bag_loads(bag), rtol=1e-9, atol=1e-9 * (limit + 1.0))
     assert float(load.max(initial=0.0)) <= limit * (1 + 1e-12) + 1e-12
     assert _staying(p, bag) >= mid
 

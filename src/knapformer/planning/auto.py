@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from knapformer.planning.cost import CostModel
-from knapformer.planning.layout import BagLayout, LayoutError, format_spec
+from knapformer.planning.layout import BagLayout, LayoutError, format_spec, parse_terms
 from knapformer.planning.plan import plan_step, validate_lengths
 
 __all__ = [
@@ -27,11 +27,14 @@ __all__ = [
     "candidate_specs",
     "choose_layout",
     "evaluate_candidates",
+    "local_ordering",
     "make_simulator_chooser",
     "spans_nodes",
 ]
 
 _TIE_TOL = 1e-3  # makespans within this relative distance count as equal
+_SP_TOL = 0.002  # near-tied layouts whose SP token shares differ by less: fewer moves win
+_MOVE_TOL = 2e-4  # ... if their makespans are this close (relative)
 
 
 def allowed_bag_sizes(world_size: int, num_heads: int, gpus_per_node: int) -> list[int]:
@@ -200,9 +203,113 @@ def evaluate_candidates(
     return out
 
 
-def _rank_key(c: Candidate, best: float) -> tuple[float, float, float, str]:
-    near = c.makespan <= best * (1.0 + _TIE_TOL)
-    return (0.0 if near else c.makespan, c.sp_tokens_fraction, c.makespan, c.spec)
+def _pick(evaluated: Sequence[Candidate]) -> Candidate:
+    """Lowest makespan; among near-ties (``_TIE_TOL``) the fewest SP tokens. Then, among the
+    layouts as good as that one (makespan within ``_MOVE_TOL``, SP share within ``_SP_TOL``),
+    the fewest moved tokens (SP traffic recurs in every attention layer, routing once)."""
+    best = min(c.makespan for c in evaluated)
+    near = [c for c in evaluated if c.makespan <= best * (1.0 + _TIE_TOL)]
+    first = min(near, key=lambda c: (c.sp_tokens_fraction, c.makespan, c.spec))
+    pool = [
+        c
+        for c in near
+        if c.makespan <= first.makespan * (1.0 + _MOVE_TOL)
+        and c.sp_tokens_fraction <= first.sp_tokens_fraction + _SP_TOL
+    ]
+    return min(pool, key=lambda c: (c.tokens_moved_fraction, c.makespan, c.spec))
+
+
+def _kept_tokens(
+    lengths: Sequence[Sequence[int]], ranks: range, g: int, cost: CostModel, level: float
+) -> float:
+    """Tokens a g-bag on ``ranks`` could keep on their source ranks: its own sequences, largest
+    first, while the bag stays under ``level`` (each keeps about L/g tokens at home)."""
+    own = sorted((x for r in ranks for x in lengths[r]), reverse=True)
+    if not own:
+        return 0.0
+    t = np.asarray(cost.t(np.asarray(own, dtype=np.float64), g)).tolist()
+    used, kept = 0.0, 0
+    for x, tx in zip(own, t, strict=True):
+        if used + tx <= level:
+            used += tx
+            kept += x
+    return kept / g
+
+
+def local_ordering(
+    spec: str,
+    lengths: Sequence[Sequence[int]],
+    gpus_per_node: int,
+    cost: CostModel,
+    level: float,
+) -> str:
+    """The same bags in a node-respecting order that keeps more tokens home.
+
+    The spec's bags are cut into node-sized chunks; chunks are assigned to nodes (greedy on
+    the largest gain over the worst node for that chunk type) to maximise the tokens each
+    node's bags could keep from their own ranks under ``level``. A trailing partial node stays
+    last. Returns ``spec`` itself when nothing better is found."""
+    world = len(lengths)
+    bags = [g for g, n in parse_terms(spec) for _ in range(n)]
+    chunks: list[tuple[int, ...]] = []
+    cur: list[int] = []
+    fill = 0
+    for g in bags:
+        cur.append(g)
+        fill += g
+        if fill == gpus_per_node:
+            chunks.append(tuple(cur))
+            cur, fill = [], 0
+        elif fill > gpus_per_node:
+            return spec  # a bag crossing a node: not ours to reorder
+    tail = tuple(cur)
+    types = sorted(set(chunks))
+    if len(types) < 2:
+        return spec
+    nodes = len(chunks)
+    score = np.zeros((len(types), nodes))
+    for i, ch in enumerate(types):
+        for j in range(nodes):
+            start = j * gpus_per_node
+            for g in ch:
+                score[i, j] += _kept_tokens(lengths, range(start, start + g), g, cost, level)
+                start += g
+    need = {t: chunks.count(t) for t in types}
+    free = np.ones(nodes, dtype=bool)
+    placed: list[tuple[int, ...] | None] = [None] * nodes
+    for _ in range(nodes):
+        best = None
+        for i, t in enumerate(types):
+            if need[t] == 0:
+                continue
+            row = np.where(free, score[i], -np.inf)
+            j = int(np.argmax(row))
+            # regret: how much this type loses if it does not get its best free node
+            others = np.where(free, score, -np.inf)
+            gain = row[j] - float(np.max(np.delete(others[:, j], i), initial=-np.inf))
+            key = (gain, row[j], -i)
+            if best is None or key > best[0]:
+                best = (key, i, j)
+        assert best is not None
+        _, i, j = best
+        placed[j] = types[i]
+        need[types[i]] -= 1
+        free[j] = False
+    order = [g for ch in placed if ch is not None for g in ch] + list(tail)
+    if order == bags:
+        return spec
+    ident = sum(score[types.index(ch), j] for j, ch in enumerate(chunks))
+    new = sum(score[types.index(ch), j] for j, ch in enumerate(placed) if ch is not None)
+    if new <= ident:
+        return spec
+    terms: list[tuple[int, int]] = []
+    for g in order:
+        if terms and terms[-1][0] == g:
+            terms[-1] = (g, terms[-1][1] + 1)
+        else:
+            terms.append((g, 1))
+    out = format_spec(terms)
+    return out if world % sum(g * n for g, n in terms) == 0 else spec
 
 
 def choose_layout(
@@ -257,8 +364,12 @@ def choose_layout(
             evaluated += evaluate_candidates(lengths, more, world_size, num_heads, cost)
     if cur is not None and all(c.spec != cur for c in evaluated):
         evaluated += evaluate_candidates(lengths, [cur], world_size, num_heads, cost)
-    best_ms = min(c.makespan for c in evaluated)
-    winner = min(evaluated, key=lambda c: _rank_key(c, best_ms))
+    winner = _pick(evaluated)
+    # the same bags in another node order may keep more tokens on their source ranks
+    local = local_ordering(winner.spec, lengths, gpus_per_node, cost, winner.makespan)
+    if local != winner.spec and all(c.spec != local for c in evaluated):
+        evaluated += evaluate_candidates(lengths, [local], world_size, num_heads, cost)
+        winner = _pick(evaluated)
     if cur is not None and winner.spec != cur:
         cur_c = next(c for c in evaluated if c.spec == cur)
         if winner.makespan >= cur_c.makespan * (1.0 - hysteresis):

@@ -32,6 +32,9 @@ __all__ = [
 ]
 
 _REL_EPS = 1e-12  # relative tolerance for "ties" between floating loads
+_SWAP_MAX_PER_BAG = 16  # locality swaps only with at most this many sequences per bag
+_ALL_PAIRS_MAX = 1024  # pair rounds try every swap up to this many pairs, else a window
+_WF_STOP = 4  # water-fill stages halve until at most this many items per bag remain
 
 
 @dataclass
@@ -146,12 +149,21 @@ _KNOWN_OPTIONS = {
 # --------------------------------------------------------------------------------------------
 
 
+def _row_reduce(a: np.ndarray, op: np.ufunc) -> np.ndarray:
+    """``op`` over the columns of a narrow ``[n, K]`` array (one pass per column: numpy's
+    ``axis=1`` reductions are several times slower for K of 2-4)."""
+    out = a[:, 0].copy()
+    for k in range(1, a.shape[1]):
+        op(out, a[:, k], out=out)
+    return out
+
+
 def simple_lower_bound(p: Problem) -> float:
     """``max(sum_s min_g g*t(L_s,g) / N, max_s min_g t(L_s,g))``: valid for any t >= 0."""
     if p.n == 0:
         return 0.0
-    work = (p.tg * p.class_sizes[None, :]).min(axis=1)
-    return float(max(work.sum() / p.num_gpus, p.tg.min(axis=1).max()))
+    work = _row_reduce(p.tg * p.class_sizes[None, :], np.minimum)
+    return float(max(work.sum() / p.num_gpus, _row_reduce(p.tg, np.minimum).max()))
 
 
 def _class_subsets(k: int) -> list[np.ndarray]:
@@ -184,7 +196,7 @@ def lower_bound(p: Problem, rel_tol: float = 1e-6) -> float:
         return lb0
     gpus_per_class = np.bincount(p.cls, weights=p.sizes, minlength=p.class_sizes.shape[0])
     # Only sequences not allowed everywhere at lb0 can matter for a proper subset Q.
-    cand = (p.tg > lb0).any(axis=1)
+    cand = _row_reduce(p.tg, np.maximum) > lb0
     if not cand.any():
         return lb0
     tc = p.tg[cand]
@@ -330,31 +342,39 @@ def _lpt_into(p: Problem, items: np.ndarray, bag: np.ndarray, load: np.ndarray) 
         heapq.heapify(h)
     tl = p.tg[items].tolist()
     homes = p.home[items].tolist()
-    out = [0] * items.size
-    for i in range(items.size):
-        ts = tl[i]
-        best = float("inf")
+    out: list[int] = []
+    push = out.append
+    heappush, heapreplace, heappop = heapq.heappush, heapq.heapreplace, heapq.heappop
+    ks = range(K)
+    thr = 1.0 + _REL_EPS
+    inf = float("inf")
+    # Invariant: every heap's top is valid (its load is the bag's current load); stale
+    # entries (older, smaller loads of a bag) sit below and are dropped when they surface.
+    for ts, hb in zip(tl, homes, strict=True):
+        best = inf
         best_k = 0
-        for k in range(K):
-            h = heaps[k]
-            if h:
-                f = h[0][0] + ts[k]
-                if f < best:
-                    best, best_k = f, k
-        hb = homes[i]
+        for k in ks:  # no class heap is ever empty
+            f = heaps[k][0][0] + ts[k]
+            if f < best:
+                best, best_k = f, k
         hk = cls[hb]
         fh = loadl[hb] + ts[hk]
-        if fh <= best * (1.0 + _REL_EPS):
-            b, k, f = hb, hk, fh  # home: push a fresh entry, the stale one is skipped later
+        if fh <= best * thr:  # home (ties go home)
+            h = heaps[hk]
+            loadl[hb] = fh
+            if h[0][1] == hb:
+                heapreplace(h, (fh, hb))
+            else:
+                heappush(h, (fh, hb))  # its old entry is now stale
+            b = hb
         else:
-            k, f = best_k, best
-            b = heaps[k][0][1]
-        loadl[b] = f
-        h = heaps[k]
-        heapq.heappush(h, (f, b))
+            h = heaps[best_k]
+            b = h[0][1]
+            loadl[b] = best
+            heapreplace(h, (best, b))
         while h[0][0] != loadl[h[0][1]]:  # loads only grow: stale entries are smaller
-            heapq.heappop(h)
-        out[i] = b
+            heappop(h)
+        push(b)
     bag[items] = out
     load[:] = loadl
 
@@ -416,24 +436,30 @@ def _keep_home(p: Problem, level: float, order: np.ndarray) -> np.ndarray:
     while the bag stays at or under ``level`` (two vectorised passes approximate the
     skip-and-continue greedy). Returns a bool mask of kept sequences."""
     n = p.n
-    w = p.tg[np.arange(n), p.cls[p.home]]  # per-GPU cost at home
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    K = p.tg.shape[1]
+    w = p.tg.ravel()[np.arange(n) * K + p.cls[p.home]]  # per-GPU cost at home
     # group by home bag, largest first inside each group (order is already largest first)
-    grp = p.home[order]
-    perm = order[np.argsort(grp, kind="stable")]
+    perm = order[np.argsort(p.home[order], kind="stable")]
     hb = p.home[perm]
     wp = w[perm]
-    starts = np.flatnonzero(np.r_[True, hb[1:] != hb[:-1]])
+    new_grp = np.empty(n, dtype=bool)
+    new_grp[0] = True
+    np.not_equal(hb[1:], hb[:-1], out=new_grp[1:])
+    gid = np.cumsum(new_grp) - 1  # group index of every position
+    starts = np.flatnonzero(new_grp)
     keep = np.zeros(n, dtype=bool)
     room = np.full(p.num_bags, level)
-    kept_p = np.zeros(perm.size, dtype=bool)
+    kept_p = np.zeros(n, dtype=bool)
     for _ in range(3):
-        cand = ~kept_p & (wp <= room[hb])
+        roomh = room[hb]
+        cand = ~kept_p & (wp <= roomh)
         wc = np.where(cand, wp, 0.0)
         cs = np.cumsum(wc)
-        # subtract the cumulative sum at each group's start
-        base = np.repeat(cs[starts] - wc[starts], np.diff(np.r_[starts, perm.size]))
-        within = cs - base
-        take = cand & (within <= room[hb] * (1.0 + _REL_EPS))
+        # cumulative sum inside each group: subtract the sum before the group's start
+        within = cs - (cs[starts] - wc[starts])[gid]
+        take = cand & (within <= roomh * (1.0 + _REL_EPS))
         if not take.any():
             break
         kept_p |= take
@@ -443,14 +469,20 @@ def _keep_home(p: Problem, level: float, order: np.ndarray) -> np.ndarray:
 
 
 def _water_fill_into(
-    p: Problem, items: np.ndarray, bag: np.ndarray, load: np.ndarray
+    p: Problem,
+    items: np.ndarray,
+    bag: np.ndarray,
+    load: np.ndarray,
+    tgi: np.ndarray | None = None,
 ) -> np.ndarray:
     """Bulk placement of many small items (sorted largest first): raise the least-loaded bags
     to a common water level, giving each bag the consecutive items that fit entirely in its
     share of the cumulative work. Items straddling two shares are returned (deferred)."""
     if items.size == 0:
         return items
-    work = p.tg[items] * p.class_sizes[None, :]  # [m, K] GPU-time in each class
+    if tgi is None:  # (callers with many stages pass the rows of p.tg, gathered once)
+        tgi = p.tg[items]
+    work = tgi * p.class_sizes[None, :]  # [m, K] GPU-time in each class
     w = work[:, 0]
     tot = float(w.sum())
     if tot <= 0:
@@ -471,10 +503,12 @@ def _water_fill_into(
     dst = np.searchsorted(ccap, start, side="right")
     np.minimum(dst, p.num_bags - 1, out=dst)
     fits = end <= ccap[dst] * (1.0 + 1e-12)
-    placed = items[fits]
-    d = dst[fits]
-    bag[placed] = d
-    load += np.bincount(d, weights=p.tg[placed, p.cls[d]], minlength=p.num_bags)
+    sel = np.flatnonzero(fits)
+    d = dst[sel]
+    bag[items[sel]] = d
+    K = tgi.shape[1]
+    add = np.ascontiguousarray(tgi).ravel()[sel * K + p.cls[d]]
+    load += np.bincount(d, weights=add, minlength=p.num_bags)
     return items[~fits]
 
 
@@ -552,14 +586,33 @@ def _construct(
     ntail = min(rest.size, 2 * B + 8)
     i = 0
     end = rest.size - ntail
+    tgr = p.tg[rest[:end]] if end > 0 else None
     while i < end:
-        j = end if end - i <= 2 * B else i + (end - i) // 2
-        _lpt_into(p, _water_fill_into(p, rest[i:j], bag, load), bag, load)
+        assert tgr is not None
+        j = end if end - i <= _WF_STOP * B else i + (end - i) // 2
+        _lpt_into(p, _water_fill_into(p, rest[i:j], bag, load, tgr[i:j]), bag, load)
         i = j
     # the smallest items fill the remaining gaps best-fit up to the target, LPT for the rest
     left = _best_fit_into(p, rest[end:], bag, load, lb * (1.0 + stop_gap))
     _lpt_into(p, left, bag, load)
     return bag, load
+
+
+def _first_positions(x: np.ndarray) -> np.ndarray:
+    """Positions of the first occurrence of every distinct value of ``x``, ordered by value
+    (a stable argsort: cheaper than ``np.unique`` and well defined for repeated values)."""
+    o = np.argsort(x, kind="stable")
+    xs = x[o]
+    new = np.empty(xs.size, dtype=bool)
+    new[:1] = True
+    np.not_equal(xs[1:], xs[:-1], out=new[1:])
+    return o[new]
+
+
+def _first_index(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_index=True)`` for a 1-D int array."""
+    first = _first_positions(x)
+    return x[first], first
 
 
 def _pair_round(
@@ -619,19 +672,19 @@ def _pair_round(
         jc = pair_c[bag[items_c]]
         nh = np.bincount(jh_s, minlength=npair)
         ncp = np.bincount(jc, minlength=npair)
-        if int((nh * ncp).sum()) <= 4096:
-            parts_i, parts_u, parts_j = [], [], []
-            for q in range(npair):
-                a_ = ih_all[jh_s == q]
-                b_ = items_c[jc == q]
-                if a_.size and b_.size:
-                    parts_i.append(np.repeat(a_, b_.size))
-                    parts_u.append(np.tile(b_, a_.size))
-                    parts_j.append(np.full(a_.size * b_.size, q))
-            if parts_i:
-                sw_i = np.concatenate(parts_i)
-                sw_u = np.concatenate(parts_u)
-                sw_j = np.concatenate(parts_j)
+        if int((nh * ncp).sum()) <= _ALL_PAIRS_MAX:
+            # every (hot item, cold item) pair of each bag pair, grouped by pair, hot items
+            # in their order, each with all cold partners in order (no Python loop)
+            oh = np.argsort(jh_s, kind="stable")
+            ih_sorted, jq = ih_all[oh], jh_s[oh]
+            ic_sorted = items_c[np.argsort(jc, kind="stable")]
+            reps = ncp[jq]
+            tot = int(reps.sum())
+            if tot:
+                sw_i = np.repeat(ih_sorted, reps)
+                sw_j = np.repeat(jq, reps)
+                off = np.arange(tot) - np.repeat(np.cumsum(reps) - reps, reps)
+                sw_u = ic_sorted[(np.cumsum(ncp) - ncp)[sw_j] + off]
         else:
             w = p.w1
             scale = p.w1_scale
@@ -677,7 +730,7 @@ def _pair_round(
     # else its first matching swap
     mv_hit = np.flatnonzero(improved[jh] & (mv <= best[jh]))
     if mv_hit.size:
-        jm, first = np.unique(jh[mv_hit], return_index=True)
+        jm, first = _first_index(jh[mv_hit])
         i = items_h[mv_hit[first]]
         src, dst = hot[jm], cold[jm]
         load[src] -= tgf[i * K + cls[src]]
@@ -690,7 +743,7 @@ def _pair_round(
     if sw is not None:
         hit = np.flatnonzero(improved[sw_j] & ~done[sw_j] & (sw <= best[sw_j]))
         if hit.size:
-            js, first = np.unique(sw_j[hit], return_index=True)
+            js, first = _first_index(sw_j[hit])
             i, u = sw_i[hit[first]], sw_u[hit[first]]
             src, dst = hot[js], cold[js]
             ks, kd = cls[src], cls[dst]
@@ -906,11 +959,15 @@ def _locality_pass(p: Problem, bag: np.ndarray, load: np.ndarray, limit: float) 
     return moved
 
 
-def _greedy_assignment(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, m: int) -> np.ndarray:
-    """Heavy-first matching on a sparse ``m x m`` gain matrix (entries rows/cols/vals > 0):
-    repeatedly take every entry that is the largest of both its row and its column among the
-    unmatched ones (ties: lowest entry index); unmatched rows then map to themselves where
-    possible, else to the free columns in order. Returns ``perm`` (row -> column)."""
+def _greedy_assignment(
+    rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, group: np.ndarray
+) -> np.ndarray:
+    """Heavy-first matching on a sparse ``m x m`` gain matrix (entries rows/cols/vals > 0, each
+    inside one ``group``): repeatedly take every entry that is the largest of both its row and
+    its column among the unmatched ones (ties: lowest entry index); unmatched rows then map to
+    themselves where possible, else to the free columns of their group in order. Returns
+    ``perm`` (row -> column), a permutation within every group."""
+    m = group.shape[0]
     perm = np.full(m, -1, dtype=np.int64)
     col_used = np.zeros(m, dtype=bool)
     o = np.lexsort((np.arange(vals.size), -vals))
@@ -918,13 +975,11 @@ def _greedy_assignment(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, m: 
     for _ in range(8):  # vectorised rounds; a short tail is finished one by one below
         if not r.size:
             break
-        _, fr = np.unique(r, return_index=True)
-        _, fc = np.unique(c, return_index=True)
-        both = np.zeros(r.size, dtype=bool)
-        both[fr] = True
-        mutual = np.zeros(r.size, dtype=bool)
-        mutual[fc] = True
-        take = np.flatnonzero(both & mutual)
+        # entries that are the first (= heaviest) of both their row and their column
+        is_first = np.zeros(r.size, dtype=np.int8)
+        is_first[_first_positions(r)] += 1
+        is_first[_first_positions(c)] += 1
+        take = np.flatnonzero(is_first == 2)
         perm[r[take]] = c[take]
         col_used[c[take]] = True
         alive = (perm[r] < 0) & ~col_used[c]
@@ -939,7 +994,11 @@ def _greedy_assignment(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, m: 
         perm[ident] = ident
         col_used[ident] = True
         free_r = np.flatnonzero(perm < 0)
-        perm[free_r] = np.flatnonzero(~col_used)
+        free_c = np.flatnonzero(~col_used)
+        # every group has as many free rows as free columns: pair them group by group
+        perm[free_r[np.argsort(group[free_r], kind="stable")]] = free_c[
+            np.argsort(group[free_c], kind="stable")
+        ]
     return perm
 
 
@@ -951,32 +1010,38 @@ def _relabel_home(p: Problem, bag: np.ndarray, load: np.ndarray) -> int:
         return 0
     stay = p.stay_home
     B = p.num_bags
-    changed = 0
-    counts = np.bincount(p.cls, minlength=p.class_sizes.shape[0])
-    for k in np.flatnonzero(counts > 1).tolist():
-        idx = np.flatnonzero(p.cls == k)
-        m = idx.size
-        pos = np.full(B, -1, dtype=np.int64)
-        pos[idx] = np.arange(m)
-        pb, ph = pos[bag], pos[p.home]
-        sel = (pb >= 0) & (ph >= 0) & (stay > 0)
-        if not sel.any():
-            continue
-        g = np.bincount(pb[sel] * m + ph[sel], weights=stay[sel], minlength=m * m)
-        nz = np.flatnonzero(g)
-        perm = _greedy_assignment(nz // m, nz % m, g[nz], m)
-        if (perm == np.arange(m)).all():
-            continue
-        gain = g[np.arange(m) * m + perm].sum() - g[np.arange(m) * (m + 1)].sum()
-        if gain <= 0:
-            continue
-        inc = pb >= 0
-        new_bag = idx[perm[pb[inc]]]
-        changed += int((new_bag != bag[inc]).sum())
-        bag[inc] = new_bag
-        newload = load.copy()
-        newload[idx[perm]] = load[idx]
-        load[:] = newload
+    home, cls = p.home, p.cls
+    sel = (cls[bag] == cls[home]) & (stay > 0)
+    off = sel & (bag != home)
+    if not off.any():
+        return 0
+    same = sel & ~off
+    # gain matrix G[b, h]: home tokens of bag b's sequences whose home is h (same class)
+    diag = np.bincount(bag[same], weights=stay[same], minlength=B)
+    keys = bag[off] * B + home[off]
+    if B * B <= 1 << 18:  # dense aggregation is cheaper than a sort
+        dense = np.bincount(keys, weights=stay[off], minlength=B * B)
+        uk = np.flatnonzero(dense)
+        vals = dense[uk]
+    else:
+        uk, inv = np.unique(keys, return_inverse=True)
+        vals = np.bincount(inv.ravel(), weights=stay[off])
+    r, c = uk // B, uk % B
+    if not ((vals > diag[r]) | (vals > diag[c])).any():
+        return 0  # every bag's own home tokens dominate: the greedy keeps the identity
+    dn = np.flatnonzero(diag)
+    # (diagonal entries first: on equal gains the greedy keeps a bag where it is)
+    rows, cols = np.concatenate([dn, r]), np.concatenate([dn, c])
+    allv = np.concatenate([diag[dn], vals])
+    perm = _greedy_assignment(rows, cols, allv, cls)
+    if allv[perm[rows] == cols].sum() <= diag.sum():
+        return 0
+    new_bag = perm[bag]
+    changed = int((new_bag != bag).sum())
+    bag[:] = new_bag
+    newload = np.empty_like(load)
+    newload[perm] = load
+    load[:] = newload
     return changed
 
 
@@ -1086,8 +1151,10 @@ def solve_ours(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
     ``stop_gap`` of the target. If A ends more than 0.1% above it, (B) the same without keeping
     is tried; if still above, the published greedy (+ local search) too, keeping the best, so
     ours is never worse than the reference (always on replicas of <= 4096 sequences; larger
-    ones only when 0.5% off). Last, sequences go home wherever the makespan allows. With a
-    token budget, placement only uses bags with token room (worst-fit packing as fallback)."""
+    ones only when 0.5% off). Last, locality at no makespan cost (``locality_slack`` allows
+    more): interchangeable bags are relabelled so their contents sit where they came from,
+    then sequences go home by moves and, with few sequences per bag, by pairwise swaps. With
+    a token budget, placement only uses bags with token room (worst-fit packing as fallback)."""
     n = p.n
     if n == 0:
         return np.zeros(0, dtype=np.int64), {}
@@ -1135,17 +1202,29 @@ def solve_ours(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
                 bag, load = rbag, rload
                 info["guard_used"] = True
     info["ls_iters"] = iters
-    _improve_locality(p, bag, load, max(_makespan(load), p.floor) * (1.0 + slack))
+    homed = p.max_tokens is None and "construction" not in info and not info["guard_used"]
+    _improve_locality(
+        p, bag, load, max(_makespan(load), p.floor) * (1.0 + slack), relabel=not homed
+    )
     return bag, info
 
 
-def _improve_locality(p: Problem, bag: np.ndarray, load: np.ndarray, limit: float) -> None:
+def _improve_locality(
+    p: Problem, bag: np.ndarray, load: np.ndarray, limit: float, relabel: bool = True
+) -> None:
     """Keep tokens on their source rank without any bag going above ``limit``: relabel
     interchangeable bags (free), move sequences home, swap pairs so one or both go home,
-    then move home again into the room the swaps left."""
-    _relabel_home(p, bag, load)
+    then move home again into the room the swaps left.
+
+    With many sequences per bag, an assignment built around kept home sequences gains
+    nothing from relabelling or swaps (plain moves fill the gaps; < 0.3% in our
+    measurements), so those run only on plans from other constructions or on few
+    sequences per bag."""
+    few = p.n <= _SWAP_MAX_PER_BAG * p.num_bags
+    if relabel or few:
+        _relabel_home(p, bag, load)
     _locality_pass(p, bag, load, limit)
-    if _home_swaps(p, bag, load, limit):
+    if few and _home_swaps(p, bag, load, limit):
         _locality_pass(p, bag, load, limit)
 
 
@@ -1246,6 +1325,32 @@ def solve_exact(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
 # --------------------------------------------------------------------------------------------
 
 
+def _replica_arrays(
+    layout: BagLayout,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Bag sizes, distinct sizes (ascending), size class of every bag and bag of every rank,
+    for one replica (all replicas share them; cached per layout object)."""
+    cached = _REPLICA_CACHE.get(id(layout))
+    if cached is not None and cached[0] is layout:
+        return cached[1]
+    k = layout.bags_per_replica
+    sizes = np.asarray(layout.bag_sizes[:k], dtype=np.int64)
+    class_sizes = np.asarray(sorted(set(sizes.tolist())), dtype=np.int64)
+    cls = np.searchsorted(class_sizes, sizes).astype(np.int64)
+    bag_of_rank = np.asarray(layout.bag_of_rank[: layout.group_size], dtype=np.int64)
+    arrays = (sizes, class_sizes, cls, bag_of_rank)
+    for a in arrays:
+        a.setflags(write=False)
+    if len(_REPLICA_CACHE) >= 64:
+        _REPLICA_CACHE.clear()
+    _REPLICA_CACHE[id(layout)] = (layout, arrays)
+    return arrays
+
+
+# id(layout) -> (layout, arrays): the layout is kept alive with its entry, so ids stay unique
+_REPLICA_CACHE: dict[int, tuple[BagLayout, tuple[np.ndarray, ...]]] = {}
+
+
 def build_problem(
     lengths: np.ndarray,
     src_local: np.ndarray,
@@ -1255,11 +1360,7 @@ def build_problem(
     options: Mapping[str, Any],
 ) -> Problem:
     """Replica-local instance for sequences ``lengths`` whose source ranks are ``src_local``."""
-    k = layout.bags_per_replica
-    sizes = np.asarray(layout.bag_sizes[:k], dtype=np.int64)
-    class_sizes = np.unique(sizes)
-    cls = np.searchsorted(class_sizes, sizes).astype(np.int64)
-    bag_of_rank = np.asarray(layout.bag_of_rank[: layout.group_size], dtype=np.int64)
+    sizes, class_sizes, cls, bag_of_rank = _replica_arrays(layout)
     home = bag_of_rank[src_local] if src_local.size else np.zeros(0, dtype=np.int64)
     tg = np.asarray(cost.t(lengths[:, None], class_sizes[None, :]), dtype=np.float64).reshape(
         lengths.shape[0], class_sizes.shape[0]
