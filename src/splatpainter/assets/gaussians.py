@@ -89,7 +89,7 @@ def sh_dc_to_rgb(dc: torch.Tensor) -> torch.Tensor:
 
 def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
     """Rotation matrices [...,3,3] of (w,x,y,z) quaternions (normalised first)."""
-    q = quats / quats.norm(dim=-1, keepdim=True)
+    q = quats / quats.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     w, x, y, z = q.unbind(-1)
     return torch.stack(
         [

@@ -15,13 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from splatpainter.assets.gaussians import SH_C0, sh_basis
+from splatpainter.assets.gaussians import SH_C0, quat_to_rotmat, sh_basis
 
 NEAR_PLANE = 0.01
 EPS2D = 0.3  # low-pass dilation added to the 2D covariance (pixels^2)
 TILE = 16
-
-# SH constants and basis are the asset module's (one definition, shared with SH rotation).
 
 
 @dataclass
@@ -32,24 +30,6 @@ class Projected:
     conics: torch.Tensor  # [N,3] (a, b, c) of the inverse 2D covariance [[a,b],[b,c]]
     depths: torch.Tensor  # [N] camera-space z
     radii: torch.Tensor  # [N] int32, 3-sigma radius in pixels (0 = culled)
-
-
-def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices [N,3,3] from (w,x,y,z) quaternions, normalised here."""
-    q = quats / quats.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    w, x, y, z = q.unbind(-1)
-    rows = (
-        1 - 2 * (y * y + z * z),
-        2 * (x * y - w * z),
-        2 * (x * z + w * y),
-        2 * (x * y + w * z),
-        1 - 2 * (x * x + z * z),
-        2 * (y * z - w * x),
-        2 * (x * z - w * y),
-        2 * (y * z + w * x),
-        1 - 2 * (x * x + y * y),
-    )
-    return torch.stack(rows, dim=-1).reshape(*quats.shape[:-1], 3, 3)
 
 
 def tile_rects(means2d: torch.Tensor, radii: torch.Tensor, width: int, height: int) -> torch.Tensor:
