@@ -191,16 +191,17 @@ def _fast_flatten(
     if not all(type(row) is list for row in lengths):
         return None
     counts = np.fromiter(map(len, lengths), dtype=np.int64, count=world_size)
-    try:
-        flat = np.fromiter(chain.from_iterable(lengths), dtype=np.int64, count=int(counts.sum()))
-    except (TypeError, ValueError, OverflowError):
+    items = list(chain.from_iterable(lengths))
+    # fromiter casts floats/bools silently: only accept if every element is an int
+    if items and set(map(type, items)) != {int}:
         return None
-    # fromiter casts floats/bools silently: only accept if every element was an int
-    if flat.size and set(map(type, chain.from_iterable(lengths))) != {int}:
+    try:
+        flat = np.fromiter(items, dtype=np.int64, count=len(items))
+    except (TypeError, ValueError, OverflowError):
         return None
     if flat.size and flat.min() <= 0:
         return None
-    src = np.repeat(np.arange(world_size, dtype=np.int64), counts)
+    src = np.arange(world_size, dtype=np.int64).repeat(counts)
     return flat, src
 
 
@@ -244,7 +245,7 @@ def validate_lengths(
         arrs.append(a)
         counts[r] = a.size
     flat = np.concatenate(arrs) if arrs else np.zeros(0, dtype=np.int64)
-    src = np.repeat(np.arange(world_size, dtype=np.int64), counts)
+    src = np.arange(world_size, dtype=np.int64).repeat(counts)
     return flat, src
 
 
@@ -279,10 +280,16 @@ def plan_step(
     sizes = np.asarray(layout.bag_sizes, dtype=np.int64)
     bag_of_rank = np.asarray(layout.bag_of_rank, dtype=np.int64)
     world = layout.world_size
-    t1 = cost.t(flat, 1) if flat.size else np.zeros(0)
-    load_before = np.bincount(src, weights=t1, minlength=world).astype(np.float64)
-    tg = cost.t(flat, sizes[bag]) if flat.size else np.zeros(0)
-    bag_load = np.bincount(bag, weights=tg, minlength=layout.num_bags).astype(np.float64)
+    # (the solver's per-sequence costs when it has them: the same values, computed once)
+    t1 = result.seq_cost1
+    if t1 is None:
+        t1 = cost.t(flat, 1) if flat.size else np.zeros(0)
+    load_before = np.bincount(src, weights=t1, minlength=world).astype(np.float64, copy=False)
+    tg = result.seq_cost
+    if tg is None:
+        tg = cost.t(flat, sizes[bag]) if flat.size else np.zeros(0)
+    bag_load = np.bincount(bag, weights=tg, minlength=layout.num_bags)
+    bag_load = bag_load.astype(np.float64, copy=False)
     load_after = bag_load[bag_of_rank]
     plan_ms = (time.perf_counter() - t0) * 1e3
     return Plan(

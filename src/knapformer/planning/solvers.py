@@ -37,6 +37,17 @@ _ALL_PAIRS_MAX = 1024  # pair rounds try every swap up to this many pairs, else 
 _WF_STOP = 4  # water-fill stages halve until at most this many items per bag remain
 
 
+def _stable_argsort_int(x: np.ndarray) -> np.ndarray:
+    """Stable argsort of an int array; keys spanning < 2**16 values are sorted as uint16,
+    which numpy radix-sorts (several times faster than its timsort for int64)."""
+    if x.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    lo = int(x.min())
+    if int(x.max()) - lo < 1 << 16:
+        return (x - lo).astype(np.uint16).argsort(kind="stable")
+    return x.argsort(kind="stable")
+
+
 @dataclass
 class Problem:
     """One replica's instance, in local indices (bags 0..B-1, ranks 0..group-1).
@@ -65,7 +76,7 @@ class Problem:
         q, rem = np.divmod(self.lengths, g)
         if self.src is None:
             return q
-        first = np.cumsum(self.sizes) - self.sizes
+        first = self.sizes.cumsum() - self.sizes
         return q + ((self.src - first[self.home]) < rem)
 
     @property
@@ -89,6 +100,36 @@ class Problem:
         return -(-self.lengths[:, None] // self.class_sizes[None, :])
 
     @cached_property
+    def tg_home(self) -> np.ndarray:
+        """[n] per-GPU cost of every sequence in its home bag."""
+        return self.seq_cost(self.home)
+
+    @cached_property
+    def by_cost_desc(self) -> np.ndarray:
+        """Items by decreasing cost (ties: lowest index first). t(L, g) is strictly increasing
+        in L for every g, so this is the stable order of -L, the same in every class."""
+        o = _stable_argsort_int(-self.lengths)
+        o.setflags(write=False)  # shared by every construction pass
+        return o
+
+    @cached_property
+    def by_cost_asc(self) -> np.ndarray:
+        """Items by increasing cost in every class (ties: lowest index first)."""
+        o = _stable_argsort_int(self.lengths)
+        o.setflags(write=False)
+        return o
+
+    @cached_property
+    def tg_ext(self) -> np.ndarray:
+        """``tg`` flattened row-major plus one zero row (a dummy item of index ``n``)."""
+        return np.concatenate((self.tg.ravel(), np.zeros(self.tg.shape[1])))
+
+    @cached_property
+    def tok_ext(self) -> np.ndarray:
+        """``tok()`` flattened row-major plus one zero row (a dummy item of index ``n``)."""
+        return np.concatenate((self._tok.ravel(), np.zeros(self._tok.shape[1], np.int64)))
+
+    @cached_property
     def w1(self) -> np.ndarray:
         """GPU-time of each sequence in the smallest bag class (a size proxy)."""
         return self.tg[:, 0] * float(self.class_sizes[0])
@@ -103,8 +144,13 @@ class Problem:
         return lower_bound(self)
 
     def bag_loads(self, bag: np.ndarray) -> np.ndarray:
-        w = self.tg[np.arange(self.n), self.cls[bag]] if self.n else np.zeros(0)
-        return np.bincount(bag, weights=w, minlength=self.num_bags).astype(np.float64)
+        return np.bincount(bag, weights=self.seq_cost(bag), minlength=self.num_bags)
+
+    def seq_cost(self, bag: np.ndarray) -> np.ndarray:
+        """[n] per-GPU cost of every sequence in its bag."""
+        if self.n == 0:
+            return np.zeros(0)
+        return self.tg.ravel()[np.arange(self.n) * self.tg.shape[1] + self.cls[bag]]
 
     def bag_tokens(self, bag: np.ndarray) -> np.ndarray:
         if self.n == 0:
@@ -118,6 +164,10 @@ class SolveResult:
     bag: np.ndarray  # [S] global bag index
     lower_bound: float
     info: dict[str, Any]
+    # [S] per-GPU cost of every sequence in its bag, and in a 1-GPU bag (None: not computed);
+    # plan_step reuses them instead of evaluating the cost model again
+    seq_cost: np.ndarray | None = None
+    seq_cost1: np.ndarray | None = None
 
 
 SolverFn = Callable[[Problem], tuple[np.ndarray, dict[str, Any]]]
@@ -207,16 +257,16 @@ def lower_bound(p: Problem, rel_tol: float = 1e-6) -> float:
     notq = ~np.stack(subsets)  # [Q, K]
     bags_per_class = np.bincount(p.cls, minlength=K)
     # counting test per class k: candidates sorted by their cost in k
-    order_k = [np.argsort(tc[:, k], kind="stable") for k in range(K)]
+    order_k = [tc[:, k].argsort(kind="stable") for k in range(K)]
     all_q = np.ones(K, dtype=bool)
 
     def too_many(x: float, members: np.ndarray, q: np.ndarray) -> bool:
         need = int(members.sum())
         room = 0
-        for k in np.flatnonzero(q).tolist():
+        for k in q.nonzero()[0].tolist():
             vals = tc[order_k[k], k][members[order_k[k]]]  # ascending
             room += int(bags_per_class[k]) * int(
-                np.searchsorted(np.cumsum(vals), x * (1 + 1e-12), side="right")
+                vals.cumsum().searchsorted(x * (1 + 1e-12), side="right")
             )
             if room >= need:
                 return False
@@ -232,7 +282,7 @@ def lower_bound(p: Problem, rel_tol: float = 1e-6) -> float:
         need = w @ inside_only
         if (need > x * caps * (1 + 1e-12)).any():
             return True
-        for qi in np.flatnonzero(inside_only.any(axis=0)).tolist():
+        for qi in inside_only.any(axis=0).nonzero()[0].tolist():
             if too_many(x, inside_only[:, qi], subsets[qi]):
                 return True
         return too_many(x, np.ones(tc.shape[0], dtype=bool), all_q)
@@ -269,7 +319,7 @@ def solve_reference(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
     K = p.class_sizes.shape[0]
     w1 = p.cost.t(p.lengths, 1)
     C = float(w1.sum()) / p.num_gpus
-    order = np.argsort(-w1, kind="stable")
+    order = (-w1).argsort(kind="stable")
     # Within one size class, lowest occupancy == lowest assigned work; the capacity test is
     # then monotone too, so a heap per class finds the candidate exactly.
     heaps: list[list[tuple[float, int]]] = [[] for _ in range(K)]
@@ -340,7 +390,7 @@ def _lpt_into(p: Problem, items: np.ndarray, bag: np.ndarray, load: np.ndarray) 
         heaps[cls[b]].append((loadl[b], b))
     for h in heaps:
         heapq.heapify(h)
-    tl = p.tg[items].tolist()
+    tl = p.tg.take(items, axis=0).tolist()
     homes = p.home[items].tolist()
     out: list[int] = []
     push = out.append
@@ -384,7 +434,7 @@ def _lpt_budget_into(p: Problem, items: np.ndarray, bag: np.ndarray, load: np.nd
     budget = p.max_tokens
     assert budget is not None
     tokk = p.tok()
-    placed = np.flatnonzero(bag >= 0)
+    placed = (bag >= 0).nonzero()[0]
     toks = np.bincount(
         bag[placed], weights=tokk[placed, p.cls[bag[placed]]], minlength=p.num_bags
     ).astype(np.int64)
@@ -415,7 +465,7 @@ def _pack_tokens(p: Problem) -> tuple[np.ndarray, np.ndarray]:
     tokk = p.tok()
     bag = np.full(p.n, -1, dtype=np.int64)
     toks = np.zeros(p.num_bags, dtype=np.int64)
-    for s in np.argsort(-p.lengths, kind="stable").tolist():
+    for s in (-p.lengths).argsort(kind="stable").tolist():
         room = budget - toks - tokk[s, p.cls]
         b = int(np.argmax(room))
         if room[b] < 0:
@@ -438,32 +488,36 @@ def _keep_home(p: Problem, level: float, order: np.ndarray) -> np.ndarray:
     n = p.n
     if n == 0:
         return np.zeros(0, dtype=bool)
-    K = p.tg.shape[1]
-    w = p.tg.ravel()[np.arange(n) * K + p.cls[p.home]]  # per-GPU cost at home
+    w = p.tg_home  # per-GPU cost at home
     # group by home bag, largest first inside each group (order is already largest first)
-    perm = order[np.argsort(p.home[order], kind="stable")]
+    perm = order[_stable_argsort_int(p.home[order])]
     hb = p.home[perm]
     wp = w[perm]
     new_grp = np.empty(n, dtype=bool)
     new_grp[0] = True
     np.not_equal(hb[1:], hb[:-1], out=new_grp[1:])
-    gid = np.cumsum(new_grp) - 1  # group index of every position
-    starts = np.flatnonzero(new_grp)
+    gid = new_grp.cumsum() - 1  # group index of every position
+    starts = new_grp.nonzero()[0]
     keep = np.zeros(n, dtype=bool)
     room = np.full(p.num_bags, level)
     kept_p = np.zeros(n, dtype=bool)
-    for _ in range(3):
-        roomh = room[hb]
-        cand = ~kept_p & (wp <= roomh)
+    for it in range(3):
+        if it == 0:  # nothing kept yet, every bag has the whole level as room
+            roomh = level
+            cand = wp <= level
+        else:
+            roomh = room[hb]
+            cand = ~kept_p & (wp <= roomh)
         wc = np.where(cand, wp, 0.0)
-        cs = np.cumsum(wc)
+        cs = wc.cumsum()
         # cumulative sum inside each group: subtract the sum before the group's start
         within = cs - (cs[starts] - wc[starts])[gid]
         take = cand & (within <= roomh * (1.0 + _REL_EPS))
         if not take.any():
             break
         kept_p |= take
-        room -= np.bincount(hb[take], weights=wp[take], minlength=p.num_bags)
+        # (zeros for the others: the same sums as over the taken ones alone)
+        room -= np.bincount(hb, weights=np.where(take, wp, 0.0), minlength=p.num_bags)
     keep[perm[kept_p]] = True
     return keep
 
@@ -481,7 +535,7 @@ def _water_fill_into(
     if items.size == 0:
         return items
     if tgi is None:  # (callers with many stages pass the rows of p.tg, gathered once)
-        tgi = p.tg[items]
+        tgi = p.tg.take(items, axis=0)
     work = tgi * p.class_sizes[None, :]  # [m, K] GPU-time in each class
     w = work[:, 0]
     tot = float(w.sum())
@@ -489,21 +543,21 @@ def _water_fill_into(
         return items
     ratio = work.sum(axis=0) / tot  # GPU-time of the items in class k per unit of w
     slope = p.sizes / ratio[p.cls]  # w absorbed per unit level rise
-    o = np.argsort(load, kind="stable")
+    o = load.argsort(kind="stable")
     ls = load[o]
-    cs = np.cumsum(slope[o])
-    cl = np.cumsum(slope[o] * ls)
+    cs = slope[o].cumsum()
+    cl = (slope[o] * ls).cumsum()
     # absorbed(level) on [ls[j], ls[j+1]] = cs[j]*level - cl[j]
     absorbed_at = cs * ls - cl
-    j = max(int(np.searchsorted(absorbed_at, tot, side="right")) - 1, 0)
+    j = max(int(absorbed_at.searchsorted(tot, side="right")) - 1, 0)
     level = (tot + cl[j]) / cs[j]
-    ccap = np.cumsum(np.maximum(0.0, level - load) * slope)
-    end = np.cumsum(w)
+    ccap = (np.maximum(0.0, level - load) * slope).cumsum()
+    end = w.cumsum()
     start = end - w
-    dst = np.searchsorted(ccap, start, side="right")
+    dst = ccap.searchsorted(start, side="right")
     np.minimum(dst, p.num_bags - 1, out=dst)
     fits = end <= ccap[dst] * (1.0 + 1e-12)
-    sel = np.flatnonzero(fits)
+    sel = fits.nonzero()[0]
     d = dst[sel]
     bag[items[sel]] = d
     K = tgi.shape[1]
@@ -525,27 +579,33 @@ def _best_fit_into(
         rooms[cls[b]].append((level - loadl[b], b))
     for r in rooms:
         r.sort()
+    # per class: rooms ascending (ties: lower bag first) and their bags, as parallel lists
     keys = [[x[0] for x in r] for r in rooms]
-    tl = p.tg[items].tolist()
+    ids = [[x[1] for x in r] for r in rooms]
+    tl = p.tg.take(items, axis=0).tolist()
     left = []
     out_s, out_b = [], []
-    for i, s in enumerate(items.tolist()):
-        ts = tl[i]
-        best_k, best_rest, best_pos = -1, float("inf"), -1
-        for k in range(K):
-            pos = bisect.bisect_left(keys[k], ts[k])
-            if pos < len(keys[k]):
-                rest = keys[k][pos] - ts[k]
+    bisect_left = bisect.bisect_left
+    inf = float("inf")
+    ks = range(K)
+    for s, ts in zip(items.tolist(), tl, strict=True):
+        best_k, best_rest, best_pos = -1, inf, -1
+        for k in ks:
+            kk, t = keys[k], ts[k]
+            pos = bisect_left(kk, t)
+            if pos < len(kk):
+                rest = kk[pos] - t
                 if rest < best_rest:
                     best_k, best_rest, best_pos = k, rest, pos
         if best_k < 0:
             left.append(s)
             continue
-        _, b = rooms[best_k].pop(best_pos)
-        keys[best_k].pop(best_pos)
-        q = bisect.bisect_left(keys[best_k], best_rest)
-        keys[best_k].insert(q, best_rest)
-        rooms[best_k].insert(q, (best_rest, b))
+        kk, ib = keys[best_k], ids[best_k]
+        b = ib.pop(best_pos)
+        del kk[best_pos]
+        q = bisect_left(kk, best_rest)
+        kk.insert(q, best_rest)
+        ib.insert(q, b)
         loadl[b] += ts[best_k]
         out_s.append(s)
         out_b.append(b)
@@ -564,9 +624,9 @@ def _construct(
     bag = np.full(n, -1, dtype=np.int64)
     load = np.zeros(B)
     if keep is not None and keep.any():
-        kept = np.flatnonzero(keep)
+        kept = keep.nonzero()[0]
         bag[kept] = p.home[kept]
-        load += np.bincount(p.home[kept], weights=p.tg[kept, p.cls[p.home[kept]]], minlength=B)
+        load += np.bincount(p.home[kept], weights=p.tg_home[kept], minlength=B)
         pool = order[~keep[order]]
     else:
         pool = order
@@ -586,7 +646,7 @@ def _construct(
     ntail = min(rest.size, 2 * B + 8)
     i = 0
     end = rest.size - ntail
-    tgr = p.tg[rest[:end]] if end > 0 else None
+    tgr = p.tg.take(rest[:end], axis=0) if end > 0 else None
     while i < end:
         assert tgr is not None
         j = end if end - i <= _WF_STOP * B else i + (end - i) // 2
@@ -601,7 +661,7 @@ def _construct(
 def _first_positions(x: np.ndarray) -> np.ndarray:
     """Positions of the first occurrence of every distinct value of ``x``, ordered by value
     (a stable argsort: cheaper than ``np.unique`` and well defined for repeated values)."""
-    o = np.argsort(x, kind="stable")
+    o = x.argsort(kind="stable")
     xs = x[o]
     new = np.empty(xs.size, dtype=bool)
     new[:1] = True
@@ -628,25 +688,30 @@ def _pair_round(
     coldest and every pair applies its best move or swap at once (pairs share no bag).
     Returns the number of pairs improved."""
     B = p.num_bags
-    hot = np.flatnonzero(load > target)
-    if hot.size == 0:
+    # bag selection on plain lists (B is small: numpy calls would cost more than the work)
+    loadl = load.tolist()
+    hotl = sorted([b for b in range(B) if loadl[b] > target], key=lambda b: -loadl[b])
+    if not hotl:
         return 0
-    hot = hot[np.argsort(-load[hot], kind="stable")]
-    coldest = np.argsort(load, kind="stable")
-    coldest = coldest[load[coldest] < target]
-    npair = min(hot.size, coldest.size)
+    coldl = [b for b in sorted(range(B), key=loadl.__getitem__) if loadl[b] < target]
+    npair = min(len(hotl), len(coldl))
     if npair == 0:
         return 0
-    hot, cold = hot[:npair], coldest[:npair]
+    hot, cold = np.array(hotl[:npair]), np.array(coldl[:npair])
     cls, tg, budget = p.cls, p.tg, p.max_tokens
-    pair_h = np.full(B, -1)
-    pair_h[hot] = np.arange(npair)
-    pair_c = np.full(B, -1)
-    pair_c[cold] = np.arange(npair)
-    items_h = np.flatnonzero(pair_h[bag] >= 0)
+    pl = [-1] * B
+    for j in range(npair):
+        pl[hotl[j]] = j
+    pair_h = np.array(pl)
+    pl = [-1] * B
+    for j in range(npair):
+        pl[coldl[j]] = j
+    pair_c = np.array(pl)
+    pb = pair_h[bag]
+    items_h = (pb >= 0).nonzero()[0]
     if items_h.size == 0:
         return 0
-    jh = pair_h[bag[items_h]]
+    jh = pb[items_h]
     h, c = hot[jh], cold[jh]
     K = tg.shape[1]
     tgf = tg.ravel()  # flat takes are cheaper than 2-D fancy indexing
@@ -662,100 +727,107 @@ def _pair_round(
     # target (binary search) are evaluated exactly.
     # Pairs that a move already improves skip the swap search (cheap early rounds).
     need = best >= load[hot] * (1.0 - 1e-12)
-    items_c = np.flatnonzero(pair_c[bag] >= 0)
-    if items_c.size and not need.all():
-        items_c = items_c[need[pair_c[bag[items_c]]]]
-    keep_h = need[jh]
-    ih_all, jh_s, h_s, c_s = items_h[keep_h], jh[keep_h], h[keep_h], c[keep_h]
-    sw_i = sw_u = sw_j = sw = None
+    pb = pair_c[bag]
+    items_c = (pb >= 0).nonzero()[0]
+    jc = pb[items_c]
+    if need.all():
+        ih_all, jh_s, h_s, c_s = items_h, jh, h, c
+    else:
+        if items_c.size:
+            sel = need[jc]
+            items_c, jc = items_c[sel], jc[sel]
+        keep_h = need[jh]
+        ih_all, jh_s, h_s, c_s = items_h[keep_h], jh[keep_h], h[keep_h], c[keep_h]
+    # Swap candidates as rows (hot item ri of pair rj) x columns (cold partners u2d, valid
+    # where ok2d): per-row values are gathered once per row, not once per candidate.
+    ri = rj = u2d = ok2d = None
     if items_c.size and ih_all.size:
-        jc = pair_c[bag[items_c]]
         nh = np.bincount(jh_s, minlength=npair)
         ncp = np.bincount(jc, minlength=npair)
         if int((nh * ncp).sum()) <= _ALL_PAIRS_MAX:
             # every (hot item, cold item) pair of each bag pair, grouped by pair, hot items
             # in their order, each with all cold partners in order (no Python loop)
-            oh = np.argsort(jh_s, kind="stable")
+            oh = jh_s.argsort(kind="stable")
             ih_sorted, jq = ih_all[oh], jh_s[oh]
-            ic_sorted = items_c[np.argsort(jc, kind="stable")]
+            ic_sorted = items_c[jc.argsort(kind="stable")]
             reps = ncp[jq]
             tot = int(reps.sum())
             if tot:
-                sw_i = np.repeat(ih_sorted, reps)
-                sw_j = np.repeat(jq, reps)
-                off = np.arange(tot) - np.repeat(np.cumsum(reps) - reps, reps)
-                sw_u = ic_sorted[(np.cumsum(ncp) - ncp)[sw_j] + off]
+                ri = ih_sorted.repeat(reps)
+                rj = jq.repeat(reps)
+                off = np.arange(tot) - (reps.cumsum() - reps).repeat(reps)
+                u2d = ic_sorted[(ncp.cumsum() - ncp)[rj] + off][:, None]
         else:
             w = p.w1
             scale = p.w1_scale
             keys = jc + w[items_c] / scale
-            o = np.argsort(keys, kind="stable")
+            o = keys.argsort(kind="stable")
             keys, items_c_s = keys[o], items_c[o]
-            lo_j = np.searchsorted(keys, np.arange(npair), side="left")
-            hi_j = np.searchsorted(keys, np.arange(npair) + 1.0, side="left")
+            lo_j = keys.searchsorted(np.arange(npair), side="left")
+            hi_j = keys.searchsorted(np.arange(npair) + 1.0, side="left")
             gh = p.sizes[h_s].astype(np.float64)
             gc = p.sizes[c_s].astype(np.float64)
             dstar = (load[h_s] - load[c_s]) / (1.0 / gh + 1.0 / gc)
             useful = w[ih_all] > dstar  # otherwise even the smallest partner overshoots
             ih, jj = ih_all[useful], jh_s[useful]
             want = jj + (w[ih] - dstar[useful]) / scale
-            pos = np.searchsorted(keys, want, side="left")
+            pos = keys.searchsorted(want, side="left")
             offs = np.arange(-(nb // 2), nb - nb // 2)
-            cand = (pos[:, None] + offs[None, :]).ravel()  # [m * nb]
-            rep = np.repeat(np.arange(ih.size), nb)
-            jr = jj[rep]
-            valid = (cand >= lo_j[jr]) & (cand < hi_j[jr])
-            if valid.any():
-                sw_i = ih[rep[valid]]
-                sw_u = items_c_s[cand[valid]]
-                sw_j = jr[valid]
-    if sw_i is not None:
-        hh, cc = hot[sw_j], cold[sw_j]
+            cand = pos[:, None] + offs[None, :]  # [m, nb]
+            ok = (cand >= lo_j[jj][:, None]) & (cand < hi_j[jj][:, None])
+            if ok.any():
+                ri, rj, ok2d = ih, jj, ok
+                u2d = items_c_s[cand.clip(0, keys.size - 1)]
+    sw2d = None
+    if ri is not None:
+        assert rj is not None and u2d is not None
+        hh, cc = hot[rj], cold[rj]
         khh, kcc = cls[hh], cls[cc]
-        sw = np.maximum(
-            load[hh] - tgf[sw_i * K + khh] + tgf[sw_u * K + khh],
-            load[cc] - tgf[sw_u * K + kcc] + tgf[sw_i * K + kcc],
+        iK, uK = ri * K, u2d * K
+        sw2d = np.maximum(
+            (load[hh] - tgf[iK + khh])[:, None] + tgf[uK + khh[:, None]],
+            (load[cc][:, None] - tgf[uK + kcc[:, None]]) + tgf[iK + kcc][:, None],
         )
         if budget is not None:
-            bad = (toks[hh] - tokk[sw_i, khh] + tokk[sw_u, khh] > budget) | (
-                toks[cc] - tokk[sw_u, kcc] + tokk[sw_i, kcc] > budget
-            )
-            sw[bad] = np.inf
-        np.minimum.at(best, sw_j, sw)
+            tkf = tokk.ravel()
+            bad = (toks[hh] - tkf[iK + khh])[:, None] + tkf[uK + khh[:, None]] > budget
+            bad |= (toks[cc][:, None] - tkf[uK + kcc[:, None]]) + tkf[iK + kcc][:, None] > budget
+            sw2d[bad] = np.inf
+        if ok2d is not None:
+            sw2d[~ok2d] = np.inf  # (never a pair's best: inf does not improve anything)
+        np.minimum.at(best, rj, _row_reduce(sw2d, np.minimum))
     improved = best < load[hot] * (1.0 - 1e-12)
     if not improved.any():
         return 0
-    done = np.zeros(npair, dtype=bool)
-    # apply (vectorised; pairs share no bag): the first matching move of each improved pair,
-    # else its first matching swap
-    mv_hit = np.flatnonzero(improved[jh] & (mv <= best[jh]))
-    if mv_hit.size:
-        jm, first = _first_index(jh[mv_hit])
-        i = items_h[mv_hit[first]]
-        src, dst = hot[jm], cold[jm]
-        load[src] -= tgf[i * K + cls[src]]
-        load[dst] += tgf[i * K + cls[dst]]
-        if toks is not None:
-            toks[src] -= tokk[i, cls[src]]
-            toks[dst] += tokk[i, cls[dst]]
-        bag[i] = dst
-        done[jm] = True
-    if sw is not None:
-        hit = np.flatnonzero(improved[sw_j] & ~done[sw_j] & (sw <= best[sw_j]))
-        if hit.size:
-            js, first = _first_index(sw_j[hit])
-            i, u = sw_i[hit[first]], sw_u[hit[first]]
-            src, dst = hot[js], cold[js]
-            ks, kd = cls[src], cls[dst]
-            load[src] += tgf[u * K + ks] - tgf[i * K + ks]
-            load[dst] += tgf[i * K + kd] - tgf[u * K + kd]
-            if toks is not None:
-                toks[src] += tokk[u, ks] - tokk[i, ks]
-                toks[dst] += tokk[i, kd] - tokk[u, kd]
-            bag[i] = dst
-            bag[u] = src
-            done[js] = True
-    return int(done.sum())
+    # apply (vectorised; pairs share no bag) the first candidate of each improved pair that
+    # reaches its best value: moves first (a move is a swap with a zero-cost dummy item n),
+    # then swaps row by row
+    n = p.n
+    hit = (improved[jh] & (mv <= best[jh])).nonzero()[0]
+    cand_j, cand_i, cand_u = jh[hit], items_h[hit], np.full(hit.size, n)
+    if sw2d is not None:
+        assert ri is not None and rj is not None and u2d is not None
+        f = (improved[rj][:, None] & (sw2d <= best[rj][:, None])).ravel().nonzero()[0]
+        if f.size:
+            row = f // u2d.shape[1]
+            cand_j = np.concatenate((cand_j, rj[row]))
+            cand_i = np.concatenate((cand_i, ri[row]))
+            cand_u = np.concatenate((cand_u, u2d.ravel()[f]))
+    js, first = _first_index(cand_j)
+    i, u = cand_i[first], cand_u[first]
+    src, dst = hot[js], cold[js]
+    ks, kd = cls[src], cls[dst]
+    tgx = p.tg_ext
+    load[src] += tgx[u * K + ks] - tgx[i * K + ks]
+    load[dst] += tgx[i * K + kd] - tgx[u * K + kd]
+    if toks is not None:
+        tkx = p.tok_ext
+        toks[src] += tkx[u * K + ks] - tkx[i * K + ks]
+        toks[dst] += tkx[i * K + kd] - tkx[u * K + kd]
+    bag[i] = dst
+    real = u < n
+    bag[u[real]] = src[real]
+    return int(js.size)
 
 
 class _State:
@@ -772,7 +844,7 @@ class _State:
     def sorted_by(self, k: int) -> np.ndarray:
         """Item indices sorted by their cost in class k (computed on first use)."""
         if k not in self._sorted:
-            self._sorted[k] = np.argsort(self.p.tg[:, k], kind="stable")
+            self._sorted[k] = self.p.by_cost_asc
         return self._sorted[k]
 
     def move(self, s: int, dst: int) -> None:
@@ -815,11 +887,11 @@ def _bottleneck_step(st: _State) -> bool:
     mk = float(load.max())
     bm = int(np.argmax(load))
     km = int(cls[bm])
-    inside = np.flatnonzero(bag == bm)
+    inside = (bag == bm).nonzero()[0]
     if inside.size == 0:
         return False
     thr = mk * (1.0 - 1e-12)
-    ti = tg[inside]
+    ti = tg.take(inside, axis=0)
     val = np.maximum(load[None, :] + ti[:, cls], (load[bm] - ti[:, km])[:, None])
     val[:, bm] = np.inf
     if st.toks is not None:
@@ -843,24 +915,22 @@ def _bottleneck_step(st: _State) -> bool:
     room[bm] = 0.0
     dmax = float(room.max()) / float(p.sizes[bm]) * (1.0 + 1e-9)
     ts = ti[:, km]
-    lo = np.searchsorted(ks, ts - dmax, side="left")
-    hi = np.searchsorted(ks, ts, side="left")
+    lo = ks.searchsorted(ts - dmax, side="left")
+    hi = ks.searchsorted(ts, side="left")
     cap = max(16, 4096 // inside.size)
     if (hi - lo > cap).any():
-        centre = np.searchsorted(ks, ts - 0.5 * dmax, side="left")
+        centre = ks.searchsorted(ts - 0.5 * dmax, side="left")
         lo = np.maximum(lo, centre - cap // 2)
         hi = np.minimum(hi, lo + cap)
     cnt = np.maximum(hi - lo, 0)
     tot = int(cnt.sum())
     tries = []
     if tot:
-        si = np.repeat(np.arange(inside.size), cnt)
-        off = np.arange(tot) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        si = np.arange(inside.size).repeat(cnt)
+        off = np.arange(tot) - (cnt.cumsum() - cnt).repeat(cnt)
         tries.append((si, osorted[lo[si] + off]))
     if small:  # the window is exact only for c = e = 0: then try every pair
-        tries.append(
-            (np.repeat(np.arange(inside.size), osorted.size), np.tile(osorted, inside.size))
-        )
+        tries.append((np.arange(inside.size).repeat(osorted.size), np.tile(osorted, inside.size)))
     for si, u_all in tries:
         sv = inside[si]
         val = st.swap_values(sv, u_all, bm)
@@ -917,11 +987,11 @@ def _local_search(
 def _locality_pass(p: Problem, bag: np.ndarray, load: np.ndarray, limit: float) -> int:
     """Bring sequences back to their home bag where that bag stays within ``limit``, the most
     staying tokens first. Returns the number of sequences moved."""
-    away = np.flatnonzero(bag != p.home)
+    away = (bag != p.home).nonzero()[0]
     if away.size == 0:
         return 0
     hb = p.home[away]
-    fits = load[hb] + p.tg[away, p.cls[hb]] <= limit
+    fits = load[hb] + p.tg_home[away] <= limit
     if not fits.any():
         return 0
     away = away[fits]
@@ -933,7 +1003,7 @@ def _locality_pass(p: Problem, bag: np.ndarray, load: np.ndarray, limit: float) 
     toks = p.bag_tokens(bag) if budget is not None else None
     moved = 0
     loadl = load.tolist()
-    tgl = p.tg[away].tolist()
+    tgl = p.tg.take(away, axis=0).tolist()
     cls = p.cls.tolist()
     homes = p.home[away].tolist()
     bags = bag[away].tolist()
@@ -979,7 +1049,7 @@ def _greedy_assignment(
         is_first = np.zeros(r.size, dtype=np.int8)
         is_first[_first_positions(r)] += 1
         is_first[_first_positions(c)] += 1
-        take = np.flatnonzero(is_first == 2)
+        take = (is_first == 2).nonzero()[0]
         perm[r[take]] = c[take]
         col_used[c[take]] = True
         alive = (perm[r] < 0) & ~col_used[c]
@@ -988,16 +1058,16 @@ def _greedy_assignment(
         if perm[i] < 0 and not col_used[j]:
             perm[i] = j
             col_used[j] = True
-    free_r = np.flatnonzero(perm < 0)
+    free_r = (perm < 0).nonzero()[0]
     if free_r.size:
         ident = free_r[~col_used[free_r]]
         perm[ident] = ident
         col_used[ident] = True
-        free_r = np.flatnonzero(perm < 0)
-        free_c = np.flatnonzero(~col_used)
+        free_r = (perm < 0).nonzero()[0]
+        free_c = (~col_used).nonzero()[0]
         # every group has as many free rows as free columns: pair them group by group
-        perm[free_r[np.argsort(group[free_r], kind="stable")]] = free_c[
-            np.argsort(group[free_c], kind="stable")
+        perm[free_r[group[free_r].argsort(kind="stable")]] = free_c[
+            group[free_c].argsort(kind="stable")
         ]
     return perm
 
@@ -1021,7 +1091,7 @@ def _relabel_home(p: Problem, bag: np.ndarray, load: np.ndarray) -> int:
     keys = bag[off] * B + home[off]
     if B * B <= 1 << 18:  # dense aggregation is cheaper than a sort
         dense = np.bincount(keys, weights=stay[off], minlength=B * B)
-        uk = np.flatnonzero(dense)
+        uk = dense.nonzero()[0]
         vals = dense[uk]
     else:
         uk, inv = np.unique(keys, return_inverse=True)
@@ -1029,7 +1099,7 @@ def _relabel_home(p: Problem, bag: np.ndarray, load: np.ndarray) -> int:
     r, c = uk // B, uk % B
     if not ((vals > diag[r]) | (vals > diag[c])).any():
         return 0  # every bag's own home tokens dominate: the greedy keeps the identity
-    dn = np.flatnonzero(diag)
+    dn = diag.nonzero()[0]
     # (diagonal entries first: on equal gains the greedy keeps a bag where it is)
     rows, cols = np.concatenate([dn, r]), np.concatenate([dn, c])
     allv = np.concatenate([diag[dn], vals])
@@ -1053,7 +1123,7 @@ def _home_swaps(
     ``nb`` away items of h nearest (by GPU-time) to the middle of the window that keeps both
     bags under the limit (exact for c = e = 0); every candidate is checked exactly, then
     applied best gain first, re-checking loads. Returns the number of swaps."""
-    away = np.flatnonzero(bag != p.home)
+    away = (bag != p.home).nonzero()[0]
     if away.size < 2:
         return 0
     stay = p.stay_home
@@ -1062,12 +1132,12 @@ def _home_swaps(
     cls, home, sizes = p.cls, p.home, p.sizes
     w, scale = p.w1, p.w1_scale
     keys = bag[away] + w[away] / scale
-    o = np.argsort(keys, kind="stable")
+    o = keys.argsort(kind="stable")
     keys, part = keys[o], away[o]
     s = away[stay[away] > 0]
     h, b = home[s], bag[s]
-    lo = np.searchsorted(keys, h, side="left")
-    hi = np.searchsorted(keys, h + 1.0, side="left")
+    lo = keys.searchsorted(h, side="left")
+    hi = keys.searchsorted(h + 1.0, side="left")
     has = hi > lo
     s, h, b, lo, hi = s[has], h[has], b[has], lo[has], hi[has]
     if s.size == 0:
@@ -1075,11 +1145,11 @@ def _home_swaps(
     room_h = np.maximum(limit - load[h], 0.0) * sizes[h]
     room_b = np.maximum(limit - load[b], 0.0) * sizes[b]
     centre = w[s] + 0.5 * (room_b - room_h)
-    pos = np.searchsorted(keys, h + np.clip(centre, 0.0, None) / scale, side="left")
+    pos = keys.searchsorted(h + np.clip(centre, 0.0, None) / scale, side="left")
     nb = 4
     offs = np.arange(-(nb // 2), nb - nb // 2)
     cand = (pos[:, None] + offs[None, :]).ravel()
-    rep = np.repeat(np.arange(s.size), nb)
+    rep = np.arange(s.size).repeat(nb)
     valid = (cand >= lo[rep]) & (cand < hi[rep])
     rep, cand = rep[valid], cand[valid]
     si, ui, hh, bb = s[rep], part[cand], h[rep], b[rep]
@@ -1163,7 +1233,7 @@ def solve_ours(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
     keep_margin = float(opts.get("keep_margin", 0.01))
     max_iters = int(opts.get("max_iters", 150))
     stop_gap = float(opts.get("stop_gap", 1e-4))
-    order = np.argsort(-p.tg[:, 0], kind="stable")
+    order = p.by_cost_desc
     # Target: this replica's bound, or the step's if another replica forces a longer step.
     lb = max(p.lb, p.floor)
     info: dict[str, Any] = {"guard_used": False}
@@ -1260,14 +1330,14 @@ def solve_exact(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
         k = int(p.cls[b])
         rank_in_class[b] = seen.get(k, 0)
         seen[k] = rank_in_class[b] + 1
-    order = np.argsort(-p.tg[:, 0], kind="stable")
+    order = (-p.tg[:, 0]).argsort(kind="stable")
     pos = np.empty(n, dtype=np.int64)
     pos[order] = np.arange(n)
     forbid = rank_in_class[None, :] > pos[:, None]  # [n, B]
     ub_x[: n * B][forbid.ravel()] = 0.0
     rows, cols, vals = [], [], []
     # assignment rows
-    s_idx = np.repeat(np.arange(n), B)
+    s_idx = np.arange(n).repeat(B)
     rows.append(s_idx)
     cols.append(np.arange(n * B))
     vals.append(np.ones(n * B))
@@ -1336,7 +1406,7 @@ def _replica_arrays(
     k = layout.bags_per_replica
     sizes = np.asarray(layout.bag_sizes[:k], dtype=np.int64)
     class_sizes = np.asarray(sorted(set(sizes.tolist())), dtype=np.int64)
-    cls = np.searchsorted(class_sizes, sizes).astype(np.int64)
+    cls = class_sizes.searchsorted(sizes).astype(np.int64)
     bag_of_rank = np.asarray(layout.bag_of_rank[: layout.group_size], dtype=np.int64)
     arrays = (sizes, class_sizes, cls, bag_of_rank)
     for a in arrays:
@@ -1362,9 +1432,13 @@ def build_problem(
     """Replica-local instance for sequences ``lengths`` whose source ranks are ``src_local``."""
     sizes, class_sizes, cls, bag_of_rank = _replica_arrays(layout)
     home = bag_of_rank[src_local] if src_local.size else np.zeros(0, dtype=np.int64)
-    tg = np.asarray(cost.t(lengths[:, None], class_sizes[None, :]), dtype=np.float64).reshape(
-        lengths.shape[0], class_sizes.shape[0]
-    )
+    if type(cost) is CostModel and cost.c == 0.0 and cost.e == 0.0:
+        # compute-only model: cost.t's remaining terms add +0.0, so these are the same values
+        L = lengths.astype(np.float64)[:, None]
+        tg = (cost.a * L + cost.b * L * L) / class_sizes.astype(np.float64)[None, :]
+    else:
+        tg = np.asarray(cost.t(lengths[:, None], class_sizes[None, :]), dtype=np.float64)
+    tg = tg.reshape(lengths.shape[0], class_sizes.shape[0])
     return Problem(
         lengths=lengths,
         home=home,
@@ -1404,9 +1478,11 @@ def solve(
     group = layout.group_size
     kb = layout.bags_per_replica
     bag = np.zeros(lengths.shape[0], dtype=np.int64)
+    seq_cost = np.zeros(lengths.shape[0])
+    seq_cost1: np.ndarray | None = np.zeros(lengths.shape[0])
     lb = 0.0
     infos: list[dict[str, Any]] = []
-    bounds = np.searchsorted(src, np.arange(0, layout.world_size + 1, group))
+    bounds = src.searchsorted(np.arange(0, layout.world_size + 1, group))
     problems = []
     for r in range(layout.num_replicas):
         a, b = int(bounds[r]), int(bounds[r + 1])
@@ -1428,7 +1504,14 @@ def solve(
                 f"max_tokens_per_gpu={max_tokens}"
             )
         bag[a:b] = local + r * kb
-        ms = _makespan(p.bag_loads(local))
+        w = p.seq_cost(local)
+        seq_cost[a:b] = w
+        if seq_cost1 is not None:
+            if int(p.class_sizes[0]) == 1:
+                seq_cost1[a:b] = p.tg[:, 0]
+            else:
+                seq_cost1 = None
+        ms = _makespan(np.bincount(local, weights=w, minlength=p.num_bags))
         rlb = p.lb
         dual = info.get("mip_dual_bound")
         if info.get("optimal") and p.n:
@@ -1445,7 +1528,7 @@ def solve(
                 merged[key] = all(vals) if key == "optimal" else any(vals)
             elif all(isinstance(v, (int, float)) for v in vals):
                 merged[key] = max(vals)
-    return SolveResult(bag=bag, lower_bound=lb, info=merged)
+    return SolveResult(bag, lb, merged, seq_cost, seq_cost1)
 
 
 def _check_budget(p: Problem, replica: int) -> None:
