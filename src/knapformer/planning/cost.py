@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from knapformer.fileio import atomic_open
 
 __all__ = ["CostModel", "CostModelError"]
 
@@ -137,17 +137,9 @@ class CostModel:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Atomic JSON write (temp file in the same directory + os.replace)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=2, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from knapformer.fileio import atomic_open
 from knapformer.sim.metrics import flow_matrix
 
 __all__ = ["atomic_savefig", "plot_loads", "plot_routing"]
@@ -19,15 +19,8 @@ def atomic_savefig(fig: Any, path: str | os.PathLike[str]) -> Path:
     """Save a figure as PNG via a temp file in the same directory + os.replace."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path) as f:
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
     return path
 
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from splatpainter.io.atomic import atomic_write_with
 from splatpainter.model.stage1 import (
     PreprocessViews,
     Stage1Config,
@@ -147,18 +146,7 @@ def save_checkpoint(model: EditorModel, path: str | os.PathLike[str], **extra: A
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
     """torch.save to a temp file in the target directory, then os.replace over `path`."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_with(path, lambda f: torch.save(obj, f))
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
