@@ -1,7 +1,7 @@
 """Editing-model speed: parameters, Stage I per asset, Stage II per edit, peak memory.
 
-Scene: the procedural demo asset with --gaussians Gaussians (default 20k), default EditorConfig
-(untrained, seeded weights: speed does not depend on training), one painted edit view of
+Scene: the procedural demo asset with --gaussians Gaussians (default 20k), the shipped editor
+weights (or --weights), one painted edit view of
 --size x --size pixels (default 128).  Stage I is timed cold (cache cleared) per asset; a Stage II
 edit is `ModelMethod.apply` end to end (current render, compositing-weight signals, network, write
 back).  Baselines are timed on the same edit.  Medians over --repeats after one warm-up (plus
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--optimize-steps", type=int, default=50)
+    ap.add_argument("--weights", default=None, help="editor weights (default: shipped)")
     args = ap.parse_args()
 
     import torch
@@ -57,7 +58,7 @@ def main() -> None:
     from splatpainter.assets.procedural import make_demo_asset
     from splatpainter.camera import orbit_cameras
     from splatpainter.edit import BackprojectMethod, EditView, ModelMethod, OptimizeMethod
-    from splatpainter.model import EditorModel
+    from splatpainter.model.editor import load_editor
     from splatpainter.render import render
 
     asset = make_demo_asset(args.gaussians, seed=0).asset
@@ -67,8 +68,8 @@ def main() -> None:
     img[s // 3 : s // 2, s // 3 : s // 2] = torch.tensor([1.0, 0.0, 1.0])
     view = EditView(cam, img)
 
-    model = EditorModel.initial()
-    method = ModelMethod(model)
+    model = load_editor(args.weights)
+    method = ModelMethod(model, kind="paint")
 
     def stage1() -> None:
         model._cache.clear()
@@ -84,18 +85,11 @@ def main() -> None:
     changed = int((new.sh != asset.sh).flatten(1).any(1).sum())
 
     # Network-only share of an edit (signals/renders excluded).
-    from splatpainter.edit.methods import normalized_plucker
+    from splatpainter.edit.methods import build_edit_sample
     from splatpainter.edit.signals import gather_signals
-    from splatpainter.model.stage2 import EditSample
 
-    sig, ev = gather_signals(asset, [view])
     lat = state["latent"]
-    e = ev[0]
-    pix = torch.cat(
-        [img, e.render, img - e.render, normalized_plucker(cam, lat.vox.center, lat.vox.extent),
-         e.mask[..., None]], dim=-1,
-    )  # fmt: skip
-    sample = EditSample(lat, [pix], sig, 0.5 + 0.28209479 * asset.sh[:, 0])
+    sample = build_edit_sample(asset, [view], lat, hint="paint")
 
     def net() -> None:
         with torch.no_grad():
@@ -111,6 +105,7 @@ def main() -> None:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     result = {
         "gaussians": asset.num_gaussians,
+        "weights": "trained" if model.trained else "untrained",
         "edit_view": f"{s}x{s}",
         "threads": args.threads,
         "parameters": model.num_parameters(),

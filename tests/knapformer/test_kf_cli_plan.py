@@ -75,6 +75,9 @@ def test_exact_and_budget(small: Path):
     r = _run("--lengths", str(small), "--spec", "g1n2+g2n1", "--solver", "exact", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["gap"] == pytest.approx(0.0, abs=1e-6)
+    for solver in ("local-search", "ours"):  # the default solver, by its name and its alias
+        r = _run("--lengths", str(small), "--spec", "g1n2+g2n1", "--solver", solver, "--json")
+        assert r.exit_code == 0 and json.loads(r.output)["solver"] == solver, r.output
     r = _run(
         "--lengths", str(small), "--spec", "g1n2+g2n1", "--max-tokens-per-gpu", "9000", "--json"
     )
@@ -98,6 +101,16 @@ def test_exact_and_budget(small: Path):
             '{"ranks": [[900], [2], [3], [4]]}',
             ["--spec", "g1n4", "--max-tokens-per-gpu", "10"],
             "max_tokens",
+        ),
+        (
+            '{"ranks": [[1], [2], [3], [4]]}',
+            ["--spec", "g1n4", "--solver", "exact", "--time-limit", "-1"],
+            "time_limit must be a finite number > 0",
+        ),
+        (
+            '{"ranks": [[1], [2], [3], [4]]}',
+            ["--spec", "g1n4", "--solver", "exact", "--time-limit", "nan"],
+            "time_limit must be a finite number > 0",
         ),
     ],
 )

@@ -71,6 +71,12 @@ def _check_balancer(bal, spec: str, steps: list[list[list[int]]], stats: dict) -
         plan = bal.plan_step(torch.tensor(lengths[rank]) if step else lengths[rank])
         t = bal.tables
         assert plan.layout.spec == spec and t.num_local_tokens == sum(lengths[rank])
+        # each rank planned only its own replica: the plan holds that replica's sequences
+        group = bal.layout.group_size
+        first = rank - rank % group
+        assert plan.layout.world_size == group
+        assert plan.num_sequences == sum(len(r) for r in lengths[first : first + group])
+        assert bal.seq_offset == sum(len(r) for r in lengths[:first])
         seq = torch.from_numpy(t.local_seq_ids.copy())
         pos = torch.from_numpy(t.local_positions.copy())
         big = (seq << 40) + pos + 1023  # not representable in bf16/fp32
@@ -116,7 +122,7 @@ def _check_balancer(bal, spec: str, steps: list[list[list[int]]], stats: dict) -
         assert a.q.shape == (cu[-1], hg, 2)
         for i, s in enumerate(t.seq_ids.tolist()):
             L = cu[i + 1] - cu[i]
-            assert plan.lengths[s] == L
+            assert plan.lengths[s - bal.seq_offset] == L  # (the plan covers this replica)
             rows = a.q[cu[i] : cu[i + 1]].detach()
             want0 = (s * 1000 + torch.arange(L, dtype=torch.float64))[:, None]
             assert torch.equal(rows[..., 0], want0.expand(L, hg))
@@ -130,7 +136,7 @@ def _check_balancer(bal, spec: str, steps: list[list[list[int]]], stats: dict) -
         assert torch.equal(q.grad, bal.post_attn(w2))
         if g > 1:
             stats["ulysses_tokens"] += cu[-1]
-            nonempty = (plan.chunk_bounds(s) for s in t.seq_ids.tolist())
+            nonempty = (plan.chunk_bounds(s - bal.seq_offset) for s in t.seq_ids.tolist())
             stats["max_chunks_in_bag"] = max(
                 [stats["max_chunks_in_bag"]] + [int((b[1:] > b[:-1]).sum()) for b in nonempty]
             )
@@ -162,6 +168,7 @@ def bad_input_worker(rank: int, world: int) -> dict:
     )
     expect_error("disagree_heads", lambda: Balancer("g2n2", cost, num_heads=4 if rank != 2 else 8))
     bal = Balancer("g2n2", cost, num_heads=4)
+    assert bal._ctrl_device.type == "cpu"  # agreement tensors never wait for a device
     expect_error("zero_length", lambda: bal.plan_step([3, 0] if rank == 1 else [2]))
     expect_error("negative_length", lambda: bal.plan_step([-4] if rank == 3 else [2, 2]))
     expect_error("float_length", lambda: bal.plan_step([2.5] if rank == 0 else [2]))
@@ -179,9 +186,50 @@ def bad_input_worker(rank: int, world: int) -> dict:
     expect_error("reverse_rows", lambda: bal.reverse_route(y[:-1] if rank == 3 else y))
     q = torch.randn(bal.tables.num_balanced_tokens, 3, 2)
     expect_error("attn_heads", lambda: bal.pre_attn(q, q, q))
+    # Bag-level checks are agreed inside the bag: rank 1's bad k fails its whole bag (0, 1)
+    # with the same message, while bag (2, 3) runs its all-to-all undisturbed.
+    good = torch.randn(bal.tables.num_balanced_tokens, 4, 2)
+    bad_k = torch.randn(good.shape[0] + 1, 4, 2) if rank == 1 else good
+    if rank in (0, 1):
+        expect_error("attn_rows_in_bag", lambda: bal.pre_attn(good, bad_k, good))
+    else:
+        a = bal.pre_attn(good, good, good)
+        # ... and rank 2's bad attention output fails bag (2, 3) alike in post_attn
+        out = a.q[:-1] if rank == 2 else a.q
+        expect_error("attn_out_in_bag", lambda: bal.post_attn(out))
     # The communicator is still in sync after all the refused calls.
     assert torch.equal(bal.reverse_route(bal.route(x)), x)
+    a = bal.pre_attn(good, good, good)
+    assert torch.equal(bal.post_attn(a.q), good)
     return msgs
+
+
+def bag_timeout_worker(rank: int, world: int, ctimeout: float) -> dict:
+    """Rank 1 fails before pre_attn and stays alive; its bag peer (rank 0) must fail within
+    the process group's timeout, not torch's 30-minute default for new groups."""
+    import time
+
+    import torch
+
+    from knapformer.distributed import Balancer
+    from knapformer.distributed.groups import group_timeout
+    from knapformer.planning.cost import CostModel
+
+    bal = Balancer("g2n2", CostModel.flops(64), num_heads=4)
+    out: dict = {"bag_timeout_s": group_timeout(bal.bag_group).total_seconds()}
+    bal.plan_step([[3, 2], [4], [5], [1, 1, 1]][rank])
+    q = torch.randn(bal.tables.num_balanced_tokens, 4, 2)
+    if rank == 1:
+        time.sleep(ctimeout + 4)  # "failed" (e.g. caught an error) and stays alive
+        return out
+    t0 = time.monotonic()
+    try:
+        bal.pre_attn(q, q, q)
+        out["raised"] = None
+    except Exception as exc:  # the bag group's timeout fires
+        out["raised"] = type(exc).__name__
+    out["elapsed_s"] = time.monotonic() - t0
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,11 +297,61 @@ def test_bad_input_errors_on_every_rank(tmp_path):
         "reverse_rows": "rank 3: reverse_route",
         "attn_heads": "not divisible by the bag size 2",
     }
+    in_bag = {
+        "attn_rows_in_bag": ("rank 1: pre_attn: tensor #1 has", (0, 1)),
+        "attn_out_in_bag": ("rank 2: post_attn: expected", (2, 3)),
+    }
     for rank, m in enumerate(msgs):
-        assert set(m) == set(expect), rank
+        mine = {n for n, (_, ranks) in in_bag.items() if rank in ranks}
+        assert set(m) == set(expect) | mine, rank
         for name, needle in expect.items():
             assert needle in m[name], (rank, name, m[name])
-    # Collective errors carry the same message on every rank.
+        for name in mine:
+            assert in_bag[name][0] in m[name], (rank, name, m[name])
+    # Collective errors carry the same message on every rank (bag checks: of the bag).
     for name in expect:
-        if name not in ("dtype_disagree",):
+        if name not in ("dtype_disagree", "attn_heads"):
             assert len({m[name] for m in msgs}) == 1, name
+    same_in = [("attn_heads", (0, 1)), ("attn_heads", (2, 3))]
+    same_in += [(name, ranks) for name, (_, ranks) in in_bag.items()]
+    for name, bag in same_in:
+        assert len({msgs[r][name] for r in bag}) == 1, (name, bag)
+
+
+@pytest.mark.timeout(90)
+def test_bag_group_uses_the_process_group_timeout(tmp_path):
+    ctimeout = 5.0
+    res = run_workers(
+        __file__,
+        "bag_timeout_worker",
+        4,
+        tmp_path,
+        args=(ctimeout,),
+        timeout=80,
+        collective_timeout=ctimeout,
+    )
+    assert all(r["bag_timeout_s"] == ctimeout for r in res)
+    assert res[0]["raised"] is not None, "the peer of a stuck rank did not fail"
+    assert res[0]["elapsed_s"] < ctimeout + 5.0
+    assert res[2]["raised"] is None and res[3]["raised"] is None  # the other bag is fine
+
+
+def test_varlen_reads_host_offsets_not_the_device_tensor():
+    """With the host offsets the balancer's tables hold, varlen attention never reads the
+    ``cu_seqlens`` tensor (on CUDA that copy would wait for every queued kernel): a meta
+    tensor, which cannot be read at all, stands in for it."""
+    import torch
+
+    from knapformer.attention.varlen import VarlenAttentionError, varlen_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(7, 2, 4, generator=gen) for _ in range(3))
+    host = [0, 3, 7]
+    ref = varlen_attention(q, k, v, torch.tensor(host), 4)
+    meta = torch.empty(3, dtype=torch.int32, device="meta")
+    out = varlen_attention(q, k, v, meta, 4, cu_seqlens_host=host)
+    assert torch.equal(out, ref)
+    with pytest.raises(VarlenAttentionError, match="end at T=7"):
+        varlen_attention(q, k, v, meta, 4, cu_seqlens_host=[0, 3, 6])
+    with pytest.raises(VarlenAttentionError, match="shape"):
+        varlen_attention(q, k, v, meta, 4, cu_seqlens_host=[0, 7])

@@ -227,3 +227,113 @@ def test_memory_budget_respected_on_paper_mixture():
     avg = sum(map(sum, lengths)) / 32
     with pytest.raises(InfeasibleError, match="do not fit"):
         plan_step(lengths, lay, COST, max_tokens_per_gpu=int(avg) - 1)
+
+
+# ---------------------------------------------------------------- one cost function
+
+
+def test_cost_table_is_the_formula():
+    """``table`` is ``t`` over sequences x bag sizes, and ``t`` is the basis (the one the
+    calibration fit uses) dotted with the coefficients."""
+    from knapformer.calibration.fit import FitResult, design_matrix
+    from knapformer.planning.cost import cost_terms
+
+    cost = CostModel(a=2.0, b=1e-3, c=0.5, e=7.0)
+    L = np.array([1, 100, 5000])
+    g = np.array([1, 2, 8])
+    tab = cost.table(L, g)
+    assert tab.shape == (3, 3)
+    np.testing.assert_allclose(tab, cost.t(L[:, None], g[None, :]), rtol=1e-15)
+    basis = np.stack(cost_terms(L[:, None], g[None, :]), axis=-1)
+    np.testing.assert_allclose(tab, basis @ cost.coefficients, rtol=1e-12)
+    fit = FitResult(a=2.0, b=1e-3, c=0.5, e=7.0, fit_mape=0.0)
+    np.testing.assert_allclose(fit.predict(L, 2), cost.t(L, 2), rtol=1e-12)
+    np.testing.assert_allclose(design_matrix(L, 2) @ cost.coefficients, cost.t(L, 2))
+
+
+@pytest.mark.parametrize("solver", ["ours", "reference"])
+def test_cost_model_change_changes_plans(monkeypatch, solver):
+    """Every solver plans with ``CostModel.table``: replacing it (here: splitting a sequence
+    costs 3x more per GPU, and the order of sequences is reversed) changes the plans, and the
+    plan's loads are the new table's."""
+    from knapformer.sim.simulator import simulate
+
+    lengths = json.loads(MIXRES.read_text())["ranks"]
+    lay = BagLayout.parse("g1n8+g2n4+g4n2+g8n1", 32, 24)
+    before = plan_step(lengths, lay, COST, solver=solver)
+    sim_before = simulate([lengths], COST, lay.spec, 24, strategies=(solver_strategy(solver),))
+    original = CostModel.table
+
+    def table(self, lens, sizes):
+        base = original(self, lens, sizes)
+        g = np.asarray(sizes, dtype=np.float64).reshape(1, -1)
+        flipped = original(self, 40000 - np.asarray(lens), sizes)
+        return np.where(g > 1, 3.0 * base, flipped)
+
+    monkeypatch.setattr(CostModel, "table", table)
+    after = plan_step(lengths, lay, COST, solver=solver)
+    assert not np.array_equal(before.bag, after.bag)
+    sizes = np.asarray(lay.bag_sizes)
+    per_seq = table(COST, after.lengths, sizes)[np.arange(after.num_sequences), 0]
+    per_seq = np.where(sizes[after.bag] > 1, 3.0 * COST.t(after.lengths, sizes[after.bag]), per_seq)
+    loads = np.bincount(after.bag, weights=per_seq, minlength=lay.num_bags)
+    np.testing.assert_allclose(after.load_after, loads[np.asarray(lay.bag_of_rank)], rtol=1e-12)
+    sim_after = simulate([lengths], COST, lay.spec, 24, strategies=(solver_strategy(solver),))
+    assert sim_after.summaries() != sim_before.summaries()
+
+
+def solver_strategy(solver: str) -> str:
+    return "reference" if solver == "reference" else "ours"
+
+
+def test_planning_modules_import_no_circle():
+    """Every import inside ``knapformer.planning`` (module level or in a function, not the
+    ``TYPE_CHECKING`` ones) forms an acyclic graph: errors live in their own module, and the
+    solvers package never imports ``plan`` back."""
+    import ast
+
+    root = Path(knapformer.__file__).parent / "planning"
+    names = {}
+    for f in root.rglob("*.py"):
+        rel = f.relative_to(root.parent.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = f
+
+    def targets(node: ast.AST) -> list[str]:
+        out = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                out.append(full if full in names else node.module)
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        return [t for t in out if t in names]
+
+    graph: dict[str, set[str]] = {}
+    for mod, f in names.items():
+        tree = ast.parse(f.read_text())
+        skip = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skip |= {id(n) for n in ast.walk(node)}
+        graph[mod] = {
+            t for node in ast.walk(tree) if id(node) not in skip for t in targets(node)
+        } - {mod}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(graph[m]):
+            assert state.get(t) != 1, f"import circle: {' -> '.join([*path, t])}"
+            if t not in state:
+                visit(t, [*path, t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert "knapformer.planning.plan" not in set().union(
+        *(graph[m] for m in graph if m.startswith("knapformer.planning.solvers"))
+    )

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from knapformer.planning import BagLayout, CostModel, plan_step
 from knapformer.planning import solvers as S
+from knapformer.planning.solvers.problem import _stable_argsort_int
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 COSTS = [
@@ -30,7 +31,7 @@ def test_stable_argsort_int_matches_numpy(span, size):
     x = rng.integers(-span // 2, span - span // 2, size=size, dtype=np.int64)
     if size > 3:
         x[: size // 3] = x[size // 3]  # plenty of ties: stability matters
-    np.testing.assert_array_equal(S._stable_argsort_int(x), np.argsort(x, kind="stable"))
+    np.testing.assert_array_equal(_stable_argsort_int(x), np.argsort(x, kind="stable"))
 
 
 @FAST

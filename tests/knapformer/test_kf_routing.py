@@ -199,3 +199,51 @@ def test_inconsistent_arrays_rejected():
         build_routing(
             np.array([0]), np.array([0]), np.array([0]), np.array([[0, 0]]), layout.bag_ranks, 2, 0
         )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(["g1n2+g2n1", "g2n2", "g1n1+g4n1+g1n3"]),
+    st.integers(2, 3),
+    st.data(),
+)
+def test_replica_tables_offset_equal_whole_world_tables(spec, replicas, data):
+    """Planning one replica and offsetting its tables gives the tables of the whole-world plan
+    (replicas planned independently: ``replica_floor=False``) for every rank."""
+    from knapformer.planning.routing import offset_tables
+
+    cost = CostModel.flops(64, 1.0)
+    lay = BagLayout.parse(spec, _group(spec) * replicas)
+    group = lay.group_size
+    lengths = [data.draw(st.lists(st.integers(1, 300), max_size=4)) for _ in range(lay.world_size)]
+    whole = plan_step(lengths, lay, cost, replica_floor=False)
+    one = BagLayout.parse(spec, group)
+    seq_offset = 0
+    for r in range(replicas):
+        rows = lengths[r * group : (r + 1) * group]
+        part = plan_step(rows, one, cost)
+        np.testing.assert_array_equal(
+            part.bag + r * one.num_bags, whole.bag[seq_offset : seq_offset + part.num_sequences]
+        )
+        for local in range(group):
+            got = offset_tables(
+                routing_from_plan(part, local),
+                r * group,
+                r * one.num_bags,
+                seq_offset,
+                lay.world_size,
+            )
+            want = routing_from_plan(whole, r * group + local)
+            for f in want.__dataclass_fields__:
+                a, b = getattr(got, f), getattr(want, f)
+                if isinstance(b, np.ndarray):
+                    np.testing.assert_array_equal(a, b, err_msg=f)
+                else:
+                    assert a == b, f
+        seq_offset += part.num_sequences
+
+
+def _group(spec: str) -> int:
+    from knapformer.planning.layout import parse_terms
+
+    return sum(g * n for g, n in parse_terms(spec))

@@ -88,27 +88,42 @@ def test_unchanged_png_render_changes_nothing(files):
     assert torch.equal(load_asset(out).sh, asset.sh)
 
 
-def test_model_without_weights_warns_and_session_continues(files, tmp_path):
+def test_model_uses_shipped_weights_and_session_continues(files, tmp_path):
     d, _, _ = files
     sess = tmp_path / "s.session"
     args = ["--view", d / "cam.json", "--image", d / "edited.png", "--mask", d / "mask.png"]
-    r = run(d / "asset.ply", *args, "--session", sess, "--out", tmp_path / "a.ply")
+    r = run(
+        d / "asset.ply", *args, "--session", sess, "--kind", "paint", "--out", tmp_path / "a.ply"
+    )
     assert r.exit_code == 0, r.output
-    assert "untrained" in r.output
+    assert "warning:" not in r.output  # the package ships trained weights
     assert sess.exists()
     r = run(d / "asset.ply", *args, "--session", sess, "--out", tmp_path / "b.ply")
     assert r.exit_code == 0, r.output
     assert "edit 2 applied" in r.output
 
 
-def test_model_with_weights(files, tmp_path):
+def test_model_with_untrained_weights_warns(files, tmp_path):
     d, _, _ = files
     w = tmp_path / "w.pt"
     save_checkpoint(EditorModel.initial(small_config()), w)
     r = run(d / "asset.ply", "--view", d / "cam.json", "--image", d / "edited.png",
             "--weights", w, "--out", tmp_path / "o.ply")  # fmt: skip
     assert r.exit_code == 0, r.output
-    assert "untrained" not in r.output
+    assert "warning: --method model is using untrained" in r.output
+    save_checkpoint(EditorModel.initial(small_config()), w, trained=True)
+    r = run(d / "asset.ply", "--view", d / "cam.json", "--image", d / "edited.png",
+            "--weights", w, "--out", tmp_path / "o.ply")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "warning:" not in r.output
+
+
+def test_bad_kind_is_named(files, tmp_path):
+    d, _, _ = files
+    r = run(d / "asset.ply", "--view", d / "cam.json", "--image", d / "edited.png",
+            "--kind", "sharpen", "--out", tmp_path / "o.ply")  # fmt: skip
+    assert r.exit_code == 2
+    assert "--kind must be one of" in r.output
 
 
 def _bad_weights(tmp_path):

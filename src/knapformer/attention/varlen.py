@@ -11,8 +11,10 @@ backward everywhere; FlexAttention is avoided because it has no CPU backward).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from functools import lru_cache
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -32,7 +34,9 @@ def flash_attn_available() -> bool:
 def _flash_varlen(q, k, v, cu_seqlens, max_seqlen, causal):  # pragma: no cover - CUDA only
     from flash_attn import flash_attn_varlen_func
 
-    cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    cu = cu_seqlens
+    if cu.device != q.device or cu.dtype != torch.int32:  # (the balancer's already is)
+        cu = cu.to(device=q.device, dtype=torch.int32)
     return flash_attn_varlen_func(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal)
 
 
@@ -43,21 +47,32 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     causal: bool = False,
+    cu_seqlens_host: Sequence[int] | np.ndarray | None = None,
 ) -> torch.Tensor:
-    """Softmax attention of each packed sequence with itself; returns ``[T, H, D]``."""
+    """Softmax attention of each packed sequence with itself; returns ``[T, H, D]``.
+
+    ``cu_seqlens_host``: the same offsets on the host, when the caller has them (the balancer's
+    routing tables do). Checks and the SDPA loop then read them instead of copying
+    ``cu_seqlens`` from the device, which on CUDA would wait for every queued kernel."""
     if q.dim() != 3 or k.shape != q.shape or v.shape[:2] != q.shape[:2]:
         raise VarlenAttentionError(
             f"expected q, k, v of shape [T, H, D] with equal T and H, got {tuple(q.shape)}, "
             f"{tuple(k.shape)}, {tuple(v.shape)}"
         )
     T = q.shape[0]
-    cu_cpu = cu_seqlens.detach().to("cpu", torch.int64)
-    if cu_cpu.dim() != 1 or cu_cpu.numel() < 1 or int(cu_cpu[0]) != 0 or int(cu_cpu[-1]) != T:
+    if cu_seqlens_host is not None:
+        cu_host = np.asarray(cu_seqlens_host, dtype=np.int64)
+        if cu_host.shape != tuple(cu_seqlens.shape):
+            raise VarlenAttentionError(
+                f"cu_seqlens_host has shape {cu_host.shape}, cu_seqlens {tuple(cu_seqlens.shape)}"
+            )
+    else:
+        cu_host = cu_seqlens.detach().to("cpu", torch.int64).numpy()
+    if cu_host.ndim != 1 or cu_host.size < 1 or int(cu_host[0]) != 0 or int(cu_host[-1]) != T:
         raise VarlenAttentionError(
-            f"cu_seqlens must be 1-D, start at 0 and end at T={T}; got {cu_cpu.tolist()[:8]}"
+            f"cu_seqlens must be 1-D, start at 0 and end at T={T}; got {cu_host.tolist()[:8]}"
         )
-    lens = torch.diff(cu_cpu)
-    if bool((lens < 0).any()):
+    if (np.diff(cu_host) < 0).any():
         raise VarlenAttentionError("cu_seqlens must be non-decreasing")
     if T == 0:
         return q.new_zeros(q.shape[0], q.shape[1], v.shape[2]) + 0 * (q.sum() + k.sum() + v.sum())
@@ -67,7 +82,7 @@ def varlen_attention(
         return _flash_varlen(q, k, v, cu_seqlens, int(max_seqlen), causal)
     # SDPA wants [B, H, L, D]; one call per sequence keeps memory linear in T.
     outs = []
-    for start, end in zip(cu_cpu[:-1].tolist(), cu_cpu[1:].tolist(), strict=True):
+    for start, end in zip(cu_host[:-1].tolist(), cu_host[1:].tolist(), strict=True):
         if end == start:
             continue
         qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))

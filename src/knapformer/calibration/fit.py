@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CalibrationError", "FitResult", "design_matrix", "fit_cost", "mape", "split_heldout"]
+from knapformer.planning.cost import cost_terms
 
-TERMS = ("a", "b", "c", "e")
+__all__ = ["CalibrationError", "FitResult", "design_matrix", "fit_cost", "mape", "split_heldout"]
 
 
 class CalibrationError(ValueError):
@@ -38,9 +38,8 @@ class FitResult:
 
 
 def design_matrix(L: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """Columns L/g, L^2/g, L(g-1)/g, 1 (broadcast over L and g)."""
-    L, g = np.broadcast_arrays(np.asarray(L, dtype=np.float64), np.asarray(g, dtype=np.float64))
-    return np.stack([L / g, L * L / g, L * (g - 1.0) / g, np.ones_like(L)], axis=1)
+    """The cost model's own basis (:func:`cost_terms`) as columns, one row per point."""
+    return np.stack([np.ravel(x) for x in cost_terms(L, g)], axis=1)
 
 
 def mape(measured: np.ndarray | Sequence[float], predicted: np.ndarray | Sequence[float]) -> float:

@@ -12,6 +12,7 @@ MAPE is reported on the others (held out).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -51,9 +52,8 @@ class CalibrationReport:
 
     def predicted(self, L: Sequence[int], g: int) -> np.ndarray:
         """Compute-only prediction (the c term is communication, not in the timings)."""
-        p = self.profile
-        L_arr = np.asarray(L, dtype=np.float64)
-        return (p.a * L_arr + p.b * L_arr * L_arr) / g + p.e
+        compute_only = dataclasses.replace(self.profile, c=0.0)
+        return np.asarray(compute_only.t(np.asarray(L, dtype=np.float64), g))
 
 
 def bag_attention(g: int, length: int) -> Callable[[Any, Any, Any], Any]:

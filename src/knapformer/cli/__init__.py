@@ -8,6 +8,7 @@ from knapformer.cli import (
     calibrate,  # noqa: F401
     plan,  # noqa: F401
     simulate,  # noqa: F401
+    train,  # noqa: F401
 )
 from knapformer.cli.app import app
 

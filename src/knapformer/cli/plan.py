@@ -67,11 +67,17 @@ def plan(
         0.0, help="Price of Ulysses all-to-all bytes in FLOPs (0 = compute only)."
     ),
     heads: int = typer.Option(24, help="Attention heads (every bag size must divide it)."),
-    solver: str = typer.Option("ours", help="ours | reference | exact."),
+    solver: str = typer.Option(
+        "local-search",
+        help="local-search (default, alias ours: never worse than reference) | reference "
+        "(the published greedy) | exact (HiGHS MILP, small instances).",
+    ),
     gpus_per_node: int = typer.Option(8, help="Bags never span nodes."),
     max_tokens_per_gpu: int = typer.Option(None, help="Per-GPU token budget after routing."),
     profile: Path = typer.Option(None, help="Cost profile JSON (from `knapformer calibrate`)."),
-    time_limit: float = typer.Option(10.0, help="Seconds for --solver exact."),
+    time_limit: float = typer.Option(
+        10.0, help="Seconds for --solver exact, building its model included."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Plan one step: sequence -> bag assignment, per-GPU loads, lower bound and gap."""

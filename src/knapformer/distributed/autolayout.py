@@ -3,9 +3,11 @@
 Every rank holds one :class:`AutoLayout` and feeds it the same gathered lengths, so every rank
 makes the same decision without a broadcast (the balancer checks agreement cheaply). The
 schedule decides on the first step and then every ``window`` steps, keeping the current layout
-unless the chooser's winner is better by more than ``hysteresis``. It also fixes, up front, the
-set of multi-GPU bags any decision may use, so that their process groups can be created once at
-construction (``dist.new_group`` is collective and must never run inside a step).
+unless the chooser's winner is better by more than ``hysteresis``. Process groups are created
+lazily, for the bags of the layouts actually chosen (every rank decides the same at the same
+step, so the balancer creates them collectively then); :attr:`AutoLayout.used_bags` counts them
+without any process, and :attr:`AutoLayout.bags` is every bag a decision may use (the eager
+alternative's count).
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ class AutoLayout:
     # derived in __post_init__: allowed bag sizes and every multi-GPU bag a decision may use
     sizes: tuple[int, ...] = field(init=False, default=())
     bags: tuple[tuple[int, ...], ...] = field(init=False, default=())
+    # multi-GPU bags of every layout chosen so far: the process groups the balancer creates
+    used_bags: set[tuple[int, ...]] = field(init=False, default_factory=set, repr=False)
     _layouts: dict[str, BagLayout] = field(init=False, default_factory=dict, repr=False)
-    _ready: bool = field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("world_size", "num_heads", "gpus_per_node", "window"):
@@ -84,9 +87,8 @@ class AutoLayout:
         else:
             bags = sorted({b for s in self.candidates for b in self.layout(s).bag_ranks})
         self.bags = tuple(b for b in bags if len(b) > 1)
-        self._ready = True
         if self.current is not None:
-            self.current = self.layout(self.current).spec
+            self.current = self._use(self.current)
 
     def layout(self, spec: str) -> BagLayout:
         """Parse (cached) and check that ``spec`` is one this schedule may use."""
@@ -101,14 +103,6 @@ class AutoLayout:
                 f"auto layout: {spec!r} has a bag spanning two nodes "
                 f"(gpus_per_node={self.gpus_per_node})"
             )
-        if self._ready:  # (not while the bag set itself is being built from the candidates)
-            have = set(self.bags)
-            missing = [b for b in lay.bag_ranks if len(b) > 1 and b not in have]
-            if missing:
-                raise LayoutError(
-                    f"auto layout: {spec!r} uses bag ranks {missing[0]}, for which no process "
-                    "group was created at construction"
-                )
         self._layouts[lay.spec] = lay
         self._layouts[spec] = lay
         return lay
@@ -127,10 +121,30 @@ class AutoLayout:
                 current=previous,
                 hysteresis=self.hysteresis,
             )
-            self.current = self.layout(spec).spec  # also rejects a layout we have no groups for
+            self.current = self._use(spec)
         self.step += 1
         assert self.current is not None
         return self.layout(self.current), self.current != previous
+
+    def _use(self, spec: str) -> str:
+        """Checked spec of a layout about to be used; records its bags (groups to create)."""
+        lay = self.layout(spec)
+        multi = [b for b in lay.bag_ranks if len(b) > 1]
+        if self.candidates is not None:
+            allowed = set(self.bags)
+            outside = [b for b in multi if b not in allowed]
+            if outside:
+                raise LayoutError(
+                    f"auto layout: {spec!r} uses bag ranks {outside[0]}, which none of the "
+                    "candidate layouts has"
+                )
+        self.used_bags.update(multi)
+        return lay.spec
+
+    @property
+    def num_groups(self) -> int:
+        """Process groups the chosen layouts need so far (created lazily by the balancer)."""
+        return len(self.used_bags)
 
     def state_dict(self) -> dict[str, Any]:
         return {"layout": self.current, "step": self.step}
@@ -139,5 +153,5 @@ class AutoLayout:
         spec, step = state.get("layout"), state.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise LayoutError(f"auto layout state: step must be an integer >= 0, got {step!r}")
-        self.current = None if spec is None else self.layout(spec).spec
+        self.current = None if spec is None else self._use(spec)
         self.step = step

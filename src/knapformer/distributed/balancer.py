@@ -10,7 +10,8 @@ Per step::
 With ``Balancer("auto", cost, num_heads=H, gpus_per_node=P)`` the bag layout itself is chosen
 at run time (every step, or every ``window`` steps, with hysteresis) from the gathered lengths by
 the pure chooser of :mod:`knapformer.planning.auto`. Every rank decides alone from the same data;
-the process groups of every bag a decision may use are created once, at construction.
+the process groups of a layout's bags are created when it is first chosen (collectively: every
+rank switches at the same step). With several replicas, each rank plans only its own.
 
 Every collective is autograd-aware (backward of ``route`` is ``reverse_route``, backward of
 ``pre_attn`` is ``post_attn``), so the loss is computed in the original layout. Input checks that
@@ -40,13 +41,18 @@ from knapformer.distributed.groups import (
     GroupSetupError,
     bag_process_group,
     cached_bag_group,
+    control_device,
     create_bag_groups,
+    group_cache_size,
+    has_cpu_backend,
+    ranks_per_node,
+    resolve_group,
 )
 from knapformer.planning.auto import spans_nodes
 from knapformer.planning.cost import CostModel
 from knapformer.planning.layout import BagLayout, LayoutError
 from knapformer.planning.plan import Plan, plan_step
-from knapformer.planning.routing import RoutingTables, routing_from_plan
+from knapformer.planning.routing import RoutingTables, offset_tables, routing_from_plan
 
 __all__ = ["AttnInputs", "Balancer", "BalancerError"]
 
@@ -95,6 +101,10 @@ _ERR_MESSAGES = {
     12: "{op}: argument #{a} is on a different device than the tokens",
     13: "{op}: argument #{a} is not a torch.Tensor",
     14: "{op}: tokens must have at least one dimension",
+    20: "{op}: tensor #{a} must be 3-D [tokens, heads, head_dim], got {b} dimensions",
+    21: "{op}: tensor #{a} has {b} rows but this rank holds {c} balanced tokens",
+    22: "{op}: {a} heads are not divisible by the bag size {b}",
+    23: "{op}: expected {c} whole-sequence rows [N, H/g, D], got {b}",
 }
 
 
@@ -111,19 +121,22 @@ class Balancer:
             chosen at run time from the lengths (needs ``num_heads`` and ``gpus_per_node``).
         cost: the workload model used by the planner (and by the auto-layout chooser).
         num_heads: attention heads of the model; every bag size must divide it (Ulysses).
-        solver: planner name (``"ours"`` or ``"reference"``); ``solver_options`` go to it.
-        group: process group to balance over; its ranks are the layout's ranks.
+        solver: planner name (``"local-search"``, alias ``"ours"``, or ``"reference"``);
+            ``solver_options`` go to it.
+        group: process group to balance over; its ranks are the layout's ranks. A 1-D
+            DeviceMesh (e.g. ``mesh["dp"]``) or ``(mesh, "dim")`` names the same group.
         device: device of the small control tensors (default: current CUDA device under NCCL,
             else CPU). Data tensors stay on whatever device they come in on.
         gpus_per_node: ranks per node (of ``group``, whose ranks must be node-aligned); no bag may
-            cross a node. Auto default: ``$LOCAL_WORLD_SIZE`` (set by torchrun). With a fixed
+            cross a node. Auto default: ``$LOCAL_WORLD_SIZE`` (set by torchrun), else the
+            ranks per host found from the gathered host names (``mp.spawn``). With a fixed
             layout it is optional and only checked.
         hysteresis: auto only: keep the current layout unless the chooser's winner has a lower
             modelled makespan by more than this fraction (default 0.02).
         window: auto only: decide on the first step and then every ``window`` steps (default 1).
-        candidates: auto only: restrict the choice to these specs (fewer process groups);
-            default: any layout with allowed bag sizes, for which the groups of every
-            node-local rank window of an allowed size are created.
+        candidates: auto only: restrict the choice to these specs; default: any layout with
+            allowed bag sizes. Groups are created for the bags of the layouts chosen
+            (:attr:`process_groups_created` counts them).
 
     Construction is collective: every rank of ``group`` must build the balancer with the same
     arguments (checked: a mismatch raises on every rank).
@@ -140,7 +153,7 @@ class Balancer:
         *,
         num_heads: int | None = None,
         solver: str = "ours",
-        group: dist.ProcessGroup | None = None,
+        group: Any = None,
         device: torch.device | str | None = None,
         gpus_per_node: int | None = None,
         hysteresis: float | None = None,
@@ -150,6 +163,10 @@ class Balancer:
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise BalancerError("torch.distributed is not initialised (call init_process_group)")
+        try:  # a ProcessGroup, a 1-D DeviceMesh or (mesh, dim) all name a group
+            group = resolve_group(group)
+        except GroupSetupError as exc:
+            raise BalancerError(str(exc)) from None
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -160,14 +177,24 @@ class Balancer:
         self.solver = solver
         self.solver_options = dict(solver_options)
         auto = isinstance(spec, str) and spec.strip().lower() == "auto"
-        if auto and gpus_per_node is None and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
-            gpus_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+        host_error = None
+        if auto and gpus_per_node is None:
+            # Collective on every rank alike: mp.spawn sets no $LOCAL_WORLD_SIZE, so the hosts'
+            # rank blocks (gathered host names) tell how many ranks share a node.
+            try:
+                per_host = ranks_per_node(group)
+            except GroupSetupError as exc:
+                per_host, host_error = None, str(exc)
+            env = os.environ.get("LOCAL_WORLD_SIZE", "")
+            gpus_per_node = int(env) if env.isdigit() else per_host
         self.gpus_per_node = gpus_per_node
 
         error = None
         parsed: BagLayout | None = None
         self._auto: AutoLayout | None = None
         try:
+            if auto and gpus_per_node is None and host_error is not None:
+                raise LayoutError(f"layout 'auto' needs gpus_per_node: {host_error}")
             if auto:
                 self._auto = self._make_auto(cost, gpus_per_node, hysteresis, window, candidates)
             else:
@@ -214,14 +241,24 @@ class Balancer:
         self.bag_ranks: tuple[int, ...] = ()
         self.bag_size = 0
         self.bag_group: dist.ProcessGroup | None = None
+        # Checks agreed across ranks travel as CPU tensors when the group has a CPU backend
+        # (gloo; "cpu:gloo,cuda:nccl"), so they never wait for the device.
+        self._ctrl_device = control_device(group, self.device)
+        self._seq_offset = 0
+        self._step_src = np.zeros(0, dtype=np.int64)
+        self._replica_layout: BagLayout | None = None
+        self.process_groups_created = 0  # bag groups this balancer created (logging, tests)
         try:
-            if self._auto is not None:
-                # Collective, once: every bag any decision may use (same list on every rank).
-                create_bag_groups(self._auto.bags, group)
-            else:
+            if self._auto is None:
                 assert parsed is not None
                 bag = parsed.bag_of_rank[self.rank]
+                before = group_cache_size()
                 self._set_layout(parsed, bag_process_group(parsed.bag_ranks, bag, group))
+                self.process_groups_created += group_cache_size() - before
+                if parsed.num_replicas > 1:  # each rank plans only its own replica
+                    self._replica_layout = BagLayout.parse(parsed.spec, parsed.group_size)
+            # auto: bag groups are created when a layout that needs them is first chosen
+            # (every rank decides the same at the same step, so creation is collective then)
         except GroupSetupError as exc:
             raise BalancerError(f"cannot create the bag process groups: {exc}") from exc
 
@@ -323,10 +360,18 @@ class Balancer:
             raise BalancerError(f"invalid balancer state: {exc}") from exc
         self.step = self._auto.step
         if self._auto.current is not None:
-            lay = self._auto.layout(self._auto.current)
-            mine = lay.bag_ranks[lay.bag_of_rank[self.rank]]
-            self._set_layout(lay, cached_bag_group(mine, self.group))
+            self._use_auto_layout(self._auto.layout(self._auto.current))
         self.plan = self.tables = None
+
+    def _use_auto_layout(self, lay: BagLayout) -> None:
+        """Switch to an auto-chosen layout, creating its missing bag groups (collective: every
+        rank switches at the same step)."""
+        try:
+            self.process_groups_created += create_bag_groups(lay.bag_ranks, self.group)
+        except GroupSetupError as exc:
+            raise BalancerError(f"cannot create the bag process groups: {exc}") from exc
+        mine = lay.bag_ranks[lay.bag_of_rank[self.rank]]
+        self._set_layout(lay, cached_bag_group(mine, self.group))
 
     def _default_device(self) -> torch.device:
         backend = str(dist.get_backend(self.group)).lower()
@@ -373,18 +418,49 @@ class Balancer:
             except LayoutError as exc:
                 raise BalancerError(f"auto layout failed: {exc}") from exc
             if changed:
-                mine = layout.bag_ranks[layout.bag_of_rank[self.rank]]
-                self._set_layout(layout, cached_bag_group(mine, self.group))
+                self._use_auto_layout(layout)
             self.layout_changed = changed
             self.step = self._auto.step
         else:
             self.step += 1
         assert self.layout is not None
-        plan = plan_step(lengths, self.layout, self.cost, self.solver, **self.solver_options)
+        self._step_src = np.repeat(np.arange(self.world_size, dtype=np.int64), counts)
+        if self._replica_layout is not None:
+            # Only this rank's replica: its ranks' lengths, planned on a one-replica layout;
+            # the tables are then shifted to world ranks, bags and sequence ids.
+            group = self.layout.group_size
+            r = self.rank // group
+            ranks = slice(r * group, (r + 1) * group)
+            self._seq_offset = int(counts[: r * group].sum())
+            plan = plan_step(
+                lengths[ranks], self._replica_layout, self.cost, self.solver, **self.solver_options
+            )
+            self.tables = offset_tables(
+                routing_from_plan(plan, self.rank - r * group),
+                r * group,
+                r * self.layout.bags_per_replica,
+                self._seq_offset,
+                self.world_size,
+            )
+        else:
+            plan = plan_step(lengths, self.layout, self.cost, self.solver, **self.solver_options)
+            self.tables = routing_from_plan(plan, self.rank)
         self.plan = plan
-        self.tables = routing_from_plan(plan, self.rank)
         self._plan_sig = zlib.crc32(plan.bag.tobytes(), zlib.crc32(plan.layout.spec.encode()))
         return plan
+
+    @property
+    def step_src_rank(self) -> np.ndarray:
+        """Source rank (of the balance group) of every sequence of the step, all replicas,
+        indexed by the global sequence ids the routing tables use."""
+        return self._step_src
+
+    @property
+    def seq_offset(self) -> int:
+        """Global id of the first sequence of this rank's replica: with several replicas,
+        :attr:`plan` covers only this replica, and its row ``i`` is global sequence
+        ``seq_offset + i`` (the id the routing tables use)."""
+        return self._seq_offset
 
     def _all_gather(self, t: torch.Tensor) -> torch.Tensor:
         out = [torch.empty_like(t) for _ in range(self.world_size)]
@@ -441,14 +517,15 @@ class Balancer:
                 elif t.device != tensors[0].device:
                     code, a = 12, i + 1
         info = torch.tensor(
-            [code, a, b, c, sig, self._plan_sig], dtype=torch.int64, device=self.device
+            [code, a, b, c, sig, self._plan_sig], dtype=torch.int64, device=self._ctrl_device
         )
-        infos = self._all_gather(info).cpu().numpy()
+        infos = self._all_gather(info).cpu().numpy()  # (CPU already on a gloo-capable group)
         bad = [r for r in range(self.world_size) if infos[r, 0] != 0]
         if bad:
             parts = [f"rank {r}: " + _describe(*infos[r, :4], op=op) for r in bad]
             raise BalancerError("bad input: " + "; ".join(parts))
-        if len(set(infos[:, 5].tolist())) > 1:
+        group = self.layout.group_size if self.layout is not None else self.world_size
+        if any(len(set(row)) > 1 for row in infos[:, 5].reshape(-1, group).tolist()):
             # Rare path, taken by every rank alike: fetch the specs for a readable message.
             specs: list[Any] = [None] * self.world_size
             dist.all_gather_object(specs, self.layout_spec, group=self.group)
@@ -533,16 +610,19 @@ class Balancer:
         """``[T_out, H, D]`` chunks with all heads -> whole sequences with ``H/g`` heads."""
         t = self._require_tables("pre_attn")
         g = self.bag_size
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            if x.dim() != 3 or x.shape[0] != t.num_balanced_tokens:
-                raise BalancerError(
-                    f"pre_attn: {name} must be [T={t.num_balanced_tokens}, H, D], "
-                    f"got {tuple(x.shape)}"
-                )
-            if x.shape[1] % g != 0:
-                raise BalancerError(
-                    f"pre_attn: {x.shape[1]} heads are not divisible by the bag size {g}"
-                )
+        code, a, b, c = 0, 0, 0, 0
+        for i, x in enumerate((q, k, v)):
+            if not isinstance(x, torch.Tensor):
+                code, a = 13, i
+            elif x.dim() != 3:
+                code, a, b = 20, i, x.dim()
+            elif x.shape[0] != t.num_balanced_tokens:
+                code, a, b, c = 21, i, x.shape[0], t.num_balanced_tokens
+            elif x.shape[1] % g != 0:
+                code, a, b = 22, x.shape[1], g
+            if code:
+                break
+        self._agree_in_bag("pre_attn", code, a, b, c)
         device = q.device
         cu = self.index("cu_seqlens_int32", device)
         if g == 1:
@@ -569,10 +649,14 @@ class Balancer:
         g = self.bag_size
         if g == 1:
             return out
-        if out.dim() != 3 or out.shape[0] != t.num_attn_tokens:
-            raise BalancerError(
-                f"post_attn: expected [N={t.num_attn_tokens}, H/g, D], got {tuple(out.shape)}"
-            )
+        code, b = 0, 0
+        if not isinstance(out, torch.Tensor):
+            code = 13
+        elif out.dim() != 3:
+            code, b = 20, out.dim()
+        elif out.shape[0] != t.num_attn_tokens:
+            code, b = 23, out.shape[0]
+        self._agree_in_bag("post_attn", code, 0, b, t.num_attn_tokens)
         y = out.index_select(0, self.index("attn_scatter", out.device))
         ins = [int(s) for s in t.peer_splits]
         outs = [t.num_balanced_tokens] * g
@@ -589,4 +673,38 @@ class Balancer:
     ) -> torch.Tensor:
         """``pre_attn`` -> varlen attention over whole sequences -> ``post_attn``."""
         a = self.pre_attn(q, k, v)
-        return self.post_attn(attn_fn(a.q, a.k, a.v, a.cu_seqlens, a.max_seqlen, causal=causal))
+        if attn_fn is varlen_attention:  # host offsets: no device-to-host copy of cu_seqlens
+            t = self._require_tables("attention")
+            out = varlen_attention(
+                a.q,
+                a.k,
+                a.v,
+                a.cu_seqlens,
+                a.max_seqlen,
+                causal=causal,
+                cu_seqlens_host=t.cu_seqlens,
+            )
+        else:
+            out = attn_fn(a.q, a.k, a.v, a.cu_seqlens, a.max_seqlen, causal=causal)
+        return self.post_attn(out)
+
+    def _agree_in_bag(self, op: str, code: int, a: int, b: int, c: int) -> None:
+        """Agree on a local check across the bag before its collective: every rank of the bag
+        raises the same error (naming the ranks) instead of leaving its peers in a mismatched
+        all-to-all. A one-GPU bag has no collective, so its check stays local; so does a bag
+        group without a CPU backend (plain "nccl"), where agreeing would make every attention
+        call wait for the device: initialise with "cpu:gloo,cuda:nccl" to have both."""
+        row = [code, a, b, c]
+        if self.bag_size > 1 and has_cpu_backend(self.bag_group):
+            info = torch.tensor(row, dtype=torch.int64)
+            out = [torch.empty_like(info) for _ in range(self.bag_size)]
+            dist.all_gather(out, info, group=self.bag_group)
+            rows = torch.stack(out).tolist()
+        else:
+            rows = [row]
+        bad = [(self.bag_ranks[j], r) for j, r in enumerate(rows) if r[0] != 0]
+        if bad:
+            parts = [f"rank {rk}: " + _describe(*r, op=op) for rk, r in bad]
+            raise BalancerError(
+                f"bad input in the bag of ranks {self.bag_ranks}: " + "; ".join(parts)
+            )

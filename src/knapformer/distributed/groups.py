@@ -14,15 +14,22 @@ numbers of groups compute different names and wait for each other forever. Sub-g
 therefore agrees on a schedule first (one ``all_gather_object`` over the balance group) and pads
 the members that are behind with single-rank groups before each bag group.
 
-An auto-layout balancer creates the groups of every bag it may ever use at construction; steps
-only look them up (:func:`cached_bag_group`), which never creates a group, so no collective group
-creation can happen inside a training step.
+An auto-layout balancer creates the groups of a layout's bags when that layout is first chosen:
+every rank takes the same decision at the same step, so the creation is collective there (and
+the number of groups stays the number of distinct bags actually used, not every bag that might
+be). Otherwise steps only look groups up (:func:`cached_bag_group`), which never creates one.
+
+Every bag group gets the timeout of the group it balances over (:func:`group_timeout`), so a
+peer that fails inside a bag makes the others fail within that timeout, not torch's 30-minute
+default.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Sequence
 
+import torch
 import torch.distributed as dist
 
 __all__ = [
@@ -30,10 +37,15 @@ __all__ = [
     "bag_process_group",
     "cached_bag_group",
     "clear_group_cache",
+    "control_device",
     "create_bag_groups",
     "global_ranks",
     "group_cache_size",
+    "group_timeout",
+    "has_cpu_backend",
     "local_creation_schedule",
+    "ranks_per_node",
+    "resolve_group",
 ]
 
 _CACHE: dict[tuple[str, int, tuple[int, ...]], dist.ProcessGroup] = {}
@@ -51,6 +63,31 @@ def clear_group_cache() -> None:
 def group_cache_size() -> int:
     """Number of bag groups created so far by this process (for logging and tests)."""
     return len(_CACHE)
+
+
+def group_timeout(group: dist.ProcessGroup | None = None) -> datetime.timedelta | None:
+    """The collective timeout ``group`` was created with (None if torch does not say)."""
+    pg = dist.distributed_c10d._get_default_group() if _is_world(group) else group
+    for dev in getattr(pg, "_device_types", ()):
+        try:
+            timeout = pg._get_backend(dev).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(timeout, datetime.timedelta):
+            return timeout
+    return None
+
+
+def has_cpu_backend(group: dist.ProcessGroup | None) -> bool:
+    """Whether ``group`` can run collectives on CPU tensors (gloo, ``"cpu:gloo,cuda:nccl"``)."""
+    pg = dist.distributed_c10d._get_default_group() if _is_world(group) else group
+    return torch.device("cpu") in getattr(pg, "_device_types", ())
+
+
+def control_device(group: dist.ProcessGroup | None, fallback: torch.device) -> torch.device:
+    """Where small agreement tensors go: the CPU when ``group`` has a CPU backend, so agreeing
+    on a check never waits for the device; otherwise ``fallback``."""
+    return torch.device("cpu") if has_cpu_backend(group) else fallback
 
 
 def _is_world(group: dist.ProcessGroup | None) -> bool:
@@ -102,7 +139,7 @@ def create_bag_groups(bags: Iterable[Sequence[int]], group: dist.ProcessGroup | 
         for ranks in wanted:
             key = _key(group, ranks)
             if key not in _CACHE:
-                _CACHE[key] = dist.new_group(list(ranks))
+                _CACHE[key] = dist.new_group(list(ranks), timeout=group_timeout(group))
                 created += 1
         return created
     me = dist.get_rank()
@@ -121,7 +158,9 @@ def create_bag_groups(bags: Iterable[Sequence[int]], group: dist.ProcessGroup | 
     for pad, granks in schedule.get(me, []):
         for _ in range(pad):  # single-rank groups: only to keep torch's group names in step
             dist.new_group([me], use_local_synchronization=True)
-        _CACHE[_key(group, granks)] = dist.new_group(list(granks), use_local_synchronization=True)
+        _CACHE[_key(group, granks)] = dist.new_group(
+            list(granks), timeout=group_timeout(group), use_local_synchronization=True
+        )
     return len(pending)
 
 
@@ -166,3 +205,53 @@ def cached_bag_group(
             "only at balancer construction"
         )
     return _CACHE[key]
+
+
+def resolve_group(group: object) -> dist.ProcessGroup | None:
+    """A process group from what users hold: None (WORLD), a ProcessGroup, a 1-D DeviceMesh,
+    or ``(mesh, dim)`` / a named 1-D slice ``mesh["dp"]`` of a larger mesh."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if group is None or isinstance(group, dist.ProcessGroup):
+        return group
+    if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh):
+        mesh, dim = group
+        try:
+            return mesh.get_group(dim)
+        except (KeyError, ValueError, RuntimeError, IndexError) as exc:
+            raise GroupSetupError(f"device mesh has no dimension {dim!r}: {exc}") from None
+    if isinstance(group, DeviceMesh):
+        if group.ndim != 1:
+            raise GroupSetupError(
+                f"a {group.ndim}-D DeviceMesh names no single process group; pass a 1-D slice "
+                "(mesh['dp']) or (mesh, 'dim_name')"
+            )
+        return group.get_group()
+    raise GroupSetupError(
+        f"group must be a ProcessGroup, a 1-D DeviceMesh or (mesh, dim), got {type(group).__name__}"
+    )
+
+
+def ranks_per_node(group: dist.ProcessGroup | None = None) -> int:
+    """Ranks per host in ``group``, from the gathered host names (collective over ``group``).
+
+    Used when neither ``gpus_per_node`` nor ``$LOCAL_WORLD_SIZE`` is given (``mp.spawn``):
+    hosts must hold equal, contiguous blocks of ranks, as every launcher lays them out.
+    """
+    import socket
+
+    names: list[str] = [""] * dist.get_world_size(group)
+    dist.all_gather_object(names, socket.gethostname(), group=group)
+    blocks: list[tuple[str, int]] = []
+    for n in names:
+        if blocks and blocks[-1][0] == n:
+            blocks[-1] = (n, blocks[-1][1] + 1)
+        else:
+            blocks.append((n, 1))
+    sizes = {s for _, s in blocks}
+    if len(sizes) != 1 or len({n for n, _ in blocks}) != len(blocks):
+        raise GroupSetupError(
+            f"ranks are not laid out in equal contiguous blocks per host ({blocks}); pass "
+            "gpus_per_node explicitly"
+        )
+    return sizes.pop()

@@ -1,4 +1,4 @@
-"""Reference packed-varlen transformer wired to the balancer (integration example)."""
+"""Plain models (nothing distributed inside): the reference block and a FLUX-shaped MMDiT."""
 
 from knapformer.models.block import (
     PackedTransformer,
@@ -7,11 +7,25 @@ from knapformer.models.block import (
     balanced_forward,
     local_attention,
 )
+from knapformer.models.mmdit import (
+    PRESETS,
+    MMDiT,
+    MMDiTConfig,
+    MMDiTInputError,
+    PackedBatch,
+    mmdit_config,
+)
 
 __all__ = [
+    "PRESETS",
+    "MMDiT",
+    "MMDiTConfig",
+    "MMDiTInputError",
+    "PackedBatch",
     "PackedTransformer",
     "TransformerBlock",
     "balanced_attention",
     "balanced_forward",
     "local_attention",
+    "mmdit_config",
 ]

@@ -4,22 +4,32 @@ Candidates are bag layouts whose sizes divide the head count and the node size (
 crosses a node): every homogeneous ``g{g}n{W/g}`` plus mixes of 1-GPU bags with just enough
 larger bags for the sequences that need them, estimated from the lengths and the cost model
 (whose ``c`` term prices the Ulysses all-to-all, so short sequences are not split without
-need). Candidates are screened by their lower bound and the best few are planned; the layout
-with the lowest modelled makespan wins, near-ties going to fewer tokens through SP. A
-``current`` layout is kept unless the winner is better by more than ``hysteresis`` (process
-groups are then not rebuilt every step).
+need). The layout with the lowest modelled makespan wins, near-ties going to fewer tokens
+through SP. A ``current`` layout is kept unless the winner is better by more than
+``hysteresis`` (process groups are then not rebuilt every step).
+
+Cheap by construction (it runs every step): the cost table is computed once per step for every
+allowed bag size; with a ``current`` layout, a quick makespan of it and the other candidates'
+lower bounds usually prove that none can beat it by the hysteresis, and nothing else is planned.
+Otherwise candidates get a quick makespan in order of their bounds (skipped once a bound rules
+them out), and only the few near the best get a full plan.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from math import inf
 
 import numpy as np
 
+from knapformer.planning import solvers
 from knapformer.planning.cost import CostModel
 from knapformer.planning.layout import BagLayout, LayoutError, format_spec, parse_terms
 from knapformer.planning.plan import plan_step, validate_lengths
+from knapformer.planning.solvers import construction, local_search
+from knapformer.planning.solvers.problem import CostTable
 
 __all__ = [
     "Candidate",
@@ -32,7 +42,10 @@ __all__ = [
     "spans_nodes",
 ]
 
+# parsed layouts are immutable: share them (and the solvers' per-layout caches) across steps
+_parse = lru_cache(maxsize=512)(BagLayout.parse)
 _TIE_TOL = 1e-3  # makespans within this relative distance count as equal
+_QUICK_BAND = 0.01  # specs this close to the best quick makespan get a full plan
 _SP_TOL = 0.002  # near-tied layouts whose SP token shares differ by less: fewer moves win
 _MOVE_TOL = 2e-4  # ... if their makespans are this close (relative)
 
@@ -78,12 +91,13 @@ def candidate_specs(
     gpus_per_node: int,
     cost: CostModel,
     level: float | None = None,
+    table: CostTable | None = None,
 ) -> list[str]:
     """Homogeneous layouts plus data-driven mixes of g1 bags and larger bags.
 
     ``level`` is the per-GPU load the mixes are sized for (default: perfect balance, or the
     longest sequence's best cost if higher); a second pass at the best makespan found is
-    how all-to-all overheads enter the sizing."""
+    how all-to-all overheads enter the sizing. ``table``: the step's cost table, if built."""
     sizes = allowed_bag_sizes(world_size, num_heads, gpus_per_node)
     flat, _ = validate_lengths(lengths, world_size)
     specs: list[str] = []
@@ -101,11 +115,13 @@ def candidate_specs(
     # Level a perfect balance would reach; a sequence whose 1-GPU cost exceeds it needs a bag
     # that brings its per-GPU cost under the level. Sequences are indivisible, so the bags
     # such sequences need are counted by first-fit-decreasing packing at that level.
-    sz = np.asarray(sizes)
-    tg = np.asarray(cost.t(flat[:, None], sz[None, :]))  # [S, K]
+    sz = np.asarray(sizes, dtype=np.int64)
+    tg = table.columns(sz) if table is not None else None
+    if tg is None:
+        tg = CostTable.build(cost, flat, sz).values  # [S, K]; sizes start at 1
     # (no plan beats the longest sequence in its best bag, so the level is at least that)
     if level is None:
-        level = max(float(cost.t(flat, 1).sum()) / world_size, float(tg.min(axis=1).max()))
+        level = max(float(tg[:, 0].sum()) / world_size, float(tg.min(axis=1).max()))
     fits = tg <= level * (1 + 1e-9)
     big = ~fits[:, 0]
     if not big.any():
@@ -161,6 +177,144 @@ class Candidate:
     tokens_moved_fraction: float
 
 
+class _Step:
+    """One step's lengths, validated once, with the cost table over every allowed bag size
+    (computed once: every candidate layout is bounded and planned from it) and the
+    candidates evaluated so far."""
+
+    def __init__(
+        self,
+        lengths: Sequence[Sequence[int]],
+        world_size: int,
+        num_heads: int,
+        cost: CostModel,
+        sizes: Sequence[int],
+    ) -> None:
+        self.lengths = lengths
+        self.world_size = world_size
+        self.num_heads = num_heads
+        self.cost = cost
+        self.flat, self.src = validate_lengths(lengths, world_size)
+        self.table = CostTable.build(cost, self.flat, {1, *sizes})
+        self.evaluated: dict[str, Candidate] = {}
+        self._bounds: dict[tuple[str, bool], float] = {}
+        self._size_bounds: dict[tuple[int, ...], float] = {}
+        self.planned = 0
+
+    def layout(self, spec: str) -> BagLayout:
+        return _parse(spec, self.world_size, self.num_heads)
+
+    def bound(self, spec: str, strong: bool) -> float:
+        """Makespan lower bound of ``spec`` (max over replicas): the simple bound (cheap) or
+        the restricted-capacity one."""
+        key = (spec, strong)
+        if key not in self._bounds:
+            layout = self.layout(spec)
+            cuts = np.searchsorted(self.src, np.arange(0, self.world_size + 1, layout.group_size))
+            lb = 0.0
+            for r in range(layout.num_replicas):
+                a, b = int(cuts[r]), int(cuts[r + 1])
+                p = solvers.build_problem(
+                    self.flat[a:b],
+                    self.src[a:b] - r * layout.group_size,
+                    layout,
+                    self.cost,
+                    None,
+                    {},
+                    self.table.rows(a, b),
+                )
+                lb = max(lb, p.lb if strong else solvers.simple_lower_bound(p))
+            self._bounds[key] = lb
+        return self._bounds[key]
+
+    def simple_bound(self, spec: str) -> float:
+        """``max(total min-work / N, max_s min_g t(L_s, g))`` straight from the table: for a
+        one-replica layout it depends only on its set of bag sizes (cached per set)."""
+        layout = self.layout(spec)
+        if layout.num_replicas != 1:
+            return self.bound(spec, False)
+        key = tuple(sorted(set(layout.bag_sizes)))
+        if key not in self._size_bounds:
+            idx = np.searchsorted(self.table.sizes, key)
+            t = self.table.values[:, idx]
+            if t.shape[0] == 0:
+                self._size_bounds[key] = 0.0
+            else:
+                work = (t * np.asarray(key, dtype=np.float64)).min(axis=1)
+                self._size_bounds[key] = float(
+                    max(work.sum() / self.world_size, t.min(axis=1).max())
+                )
+        return self._size_bounds[key]
+
+    def at_least(self, spec: str, x: float) -> bool:
+        """Whether ``spec``'s makespan provably is >= x (tries the cheap bound first)."""
+        return self.simple_bound(spec) >= x or self.bound(spec, True) >= x
+
+    def quick_makespan(self, spec: str) -> float:
+        """A makespan ``spec`` can reach (an upper bound on its best plan): LPT construction
+        and a few local-search rounds, no locality phase and no plan object."""
+        layout = self.layout(spec)
+        cuts = np.searchsorted(self.src, np.arange(0, self.world_size + 1, layout.group_size))
+        ms = 0.0
+        for r in range(layout.num_replicas):
+            a, b = int(cuts[r]), int(cuts[r + 1])
+            p = solvers.build_problem(
+                self.flat[a:b],
+                self.src[a:b] - r * layout.group_size,
+                layout,
+                self.cost,
+                None,
+                {},
+                self.table.rows(a, b),
+            )
+            if p.n == 0:
+                continue
+            bag, load = construction._construct(p, p.by_cost_desc, None, p.lb, 1e-3)
+            bag, _, _ = local_search._local_search(p, bag, load, p.lb, 8, 1e-3)
+            ms = max(ms, float(p.bag_loads(bag).max()))
+        return ms
+
+    def evaluate(self, spec: str) -> Candidate:
+        if spec not in self.evaluated:
+            plan = plan_step(
+                self.lengths,
+                self.layout(spec),
+                self.cost,
+                solvers.DEFAULT_SOLVER,
+                table=self.table,
+                guard=False,
+                stop_gap=1e-3,
+                max_iters=20,
+            )
+            self.planned += 1
+            self.evaluated[spec] = Candidate(
+                spec=spec,
+                makespan=plan.makespan,
+                lower_bound=plan.lower_bound,
+                sp_tokens_fraction=plan.sp_tokens_fraction,
+                tokens_moved_fraction=plan.tokens_moved_fraction,
+            )
+        return self.evaluated[spec]
+
+    def evaluate_best(self, specs: Sequence[str], max_planned: int = 4) -> list[Candidate]:
+        """Plan only the specs that could be picked. First a quick makespan (LPT and a few
+        local-search rounds) of every spec whose bound does not already rule it out, in order
+        of the bounds; then full plans for the specs within ``_QUICK_BAND`` of the best quick
+        makespan (near-ties are decided on full plans: SP share, tokens moved)."""
+        order = sorted(specs, key=lambda s: (self.simple_bound(s), s))
+        best = min((self.evaluated[s].makespan for s in order if s in self.evaluated), default=inf)
+        quick: dict[str, float] = {}
+        for spec in order:
+            if spec in self.evaluated or self.at_least(spec, best * (1.0 + _QUICK_BAND)):
+                continue
+            quick[spec] = self.quick_makespan(spec)
+            best = min(best, quick[spec])
+        near = sorted((q, s) for s, q in quick.items() if q <= best * (1.0 + _QUICK_BAND))
+        for _, spec in near[:max_planned]:
+            self.evaluate(spec)
+        return [self.evaluated[s] for s in order if s in self.evaluated]
+
+
 def evaluate_candidates(
     lengths: Sequence[Sequence[int]],
     specs: Sequence[str],
@@ -169,38 +323,12 @@ def evaluate_candidates(
     cost: CostModel,
     max_planned: int = 8,
 ) -> list[Candidate]:
-    """Lower-bound screen, then plan the most promising ``max_planned`` specs with ours."""
-    from knapformer.planning import solvers
-
-    flat, src = validate_lengths(lengths, world_size)
-    screened: list[tuple[float, str, BagLayout]] = []
-    for spec in specs:
-        layout = BagLayout.parse(spec, world_size, num_heads)
-        lb = 0.0
-        bounds = np.searchsorted(src, np.arange(0, world_size + 1, layout.group_size))
-        for r in range(layout.num_replicas):
-            a, b = int(bounds[r]), int(bounds[r + 1])
-            p = solvers.build_problem(
-                flat[a:b], src[a:b] - r * layout.group_size, layout, cost, None, {}
-            )
-            lb = max(lb, p.lb)
-        screened.append((lb, spec, layout))
-    screened.sort(key=lambda x: (x[0], x[1]))
-    best_lb = screened[0][0] if screened else 0.0
-    keep = [x for x in screened if x[0] <= best_lb * 1.05][:max_planned] or screened[:1]
-    out = []
-    for lb, spec, layout in keep:
-        plan = plan_step(lengths, layout, cost, "ours", guard=False, stop_gap=1e-3, max_iters=60)
-        out.append(
-            Candidate(
-                spec=spec,
-                makespan=plan.makespan,
-                lower_bound=lb,
-                sp_tokens_fraction=plan.sp_tokens_fraction,
-                tokens_moved_fraction=plan.tokens_moved_fraction,
-            )
-        )
-    return out
+    """Candidates for the specs that could be picked (see ``_Step.evaluate_best``): full plans
+    (default solver, quick settings) of at most ``max_planned`` specs near the best."""
+    sizes = {g for s in specs for g in _parse(s, world_size, num_heads).bag_sizes}
+    return _Step(lengths, world_size, num_heads, cost, sorted(sizes)).evaluate_best(
+        specs, max_planned
+    )
 
 
 def _pick(evaluated: Sequence[Candidate]) -> Candidate:
@@ -227,7 +355,7 @@ def _kept_tokens(
     own = sorted((x for r in ranks for x in lengths[r]), reverse=True)
     if not own:
         return 0.0
-    t = np.asarray(cost.t(np.asarray(own, dtype=np.float64), g)).tolist()
+    t = cost.table(np.asarray(own, dtype=np.int64), [g])[:, 0].tolist()
     used, kept = 0.0, 0
     for x, tx in zip(own, t, strict=True):
         if used + tx <= level:
@@ -350,28 +478,44 @@ def choose_layout(
             f"no bag layout for world_size={world_size}, heads={num_heads}, "
             f"gpus_per_node={gpus_per_node}"
         )
-    evaluated = evaluate_candidates(lengths, specs, world_size, num_heads, cost)
+    used = {g for s in specs for g in _parse(s, world_size, num_heads).bag_sizes}
+    step = _Step(lengths, world_size, num_heads, cost, sorted(sizes | used))
+    if cur is not None:
+        # Keep the current layout without planning the others when their bounds already show
+        # that none can beat it by more than the hysteresis (the common, steady case). The
+        # test uses a quickly reached makespan of the current layout: its full plan can only
+        # be better, which makes keeping it only more justified.
+        reached = step.quick_makespan(cur)
+        if candidates is None:
+            more = candidate_specs(
+                lengths, world_size, num_heads, gpus_per_node, cost, reached * 1.000001, step.table
+            )
+            specs += [s for s in more if s not in specs]
+        threshold = reached * (1.0 - hysteresis)
+        if all(step.at_least(s, threshold) for s in specs if s != cur):
+            return cur
+    evaluated = step.evaluate_best(specs)
     if candidates is None:
         # second pass: size the mixes for the makespan actually reached (includes overheads)
         reached = min(c.makespan for c in evaluated) * (1.0 + 1e-6)
         more = [
             s
-            for s in candidate_specs(lengths, world_size, num_heads, gpus_per_node, cost, reached)
+            for s in candidate_specs(
+                lengths, world_size, num_heads, gpus_per_node, cost, reached, step.table
+            )
             if s not in specs
         ]
         if more:
             specs += more
-            evaluated += evaluate_candidates(lengths, more, world_size, num_heads, cost)
-    if cur is not None and all(c.spec != cur for c in evaluated):
-        evaluated += evaluate_candidates(lengths, [cur], world_size, num_heads, cost)
+            evaluated = step.evaluate_best(specs)
     winner = _pick(evaluated)
     # the same bags in another node order may keep more tokens on their source ranks
     local = local_ordering(winner.spec, lengths, gpus_per_node, cost, winner.makespan)
     if local != winner.spec and all(c.spec != local for c in evaluated):
-        evaluated += evaluate_candidates(lengths, [local], world_size, num_heads, cost)
+        evaluated.append(step.evaluate(local))
         winner = _pick(evaluated)
     if cur is not None and winner.spec != cur:
-        cur_c = next(c for c in evaluated if c.spec == cur)
+        cur_c = step.evaluate(cur)
         if winner.makespan >= cur_c.makespan * (1.0 - hysteresis):
             return cur
     return winner.spec

@@ -3,6 +3,11 @@
 ``a``/``b`` are the linear (projections, MLP) and quadratic (attention) compute terms, split
 evenly over the ``g`` GPUs of a bag; ``c`` models the Ulysses all-to-all traffic (the share
 ``(g-1)/g`` of a chunk that leaves each GPU) and ``e`` a fixed per-sequence overhead.
+
+The formula lives here only: :func:`cost_terms` gives its four basis columns,
+:meth:`CostModel.t` combines them, and :meth:`CostModel.table` is the per-sequence x bag-size
+table that the solvers, the auto-layout chooser, the simulator (through the planner), the fit
+and the calibration all use.
 """
 
 from __future__ import annotations
@@ -17,9 +22,17 @@ import numpy as np
 
 from knapformer.fileio import atomic_open
 
-__all__ = ["CostModel", "CostModelError"]
+__all__ = ["TERMS", "CostModel", "CostModelError", "cost_terms"]
 
 _PROFILE_KIND = "knapformer-cost-profile"
+TERMS = ("a", "b", "c", "e")  # coefficient names, in the order of cost_terms' columns
+
+
+def cost_terms(L: Any, g: Any = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The basis of the cost formula, broadcast over ``L`` and ``g``:
+    ``(L/g, L^2/g, L(g-1)/g, 1)``, so that ``t = a, b, c, e`` dotted with these."""
+    L, g = np.broadcast_arrays(np.asarray(L, dtype=np.float64), np.asarray(g, dtype=np.float64))
+    return L / g, L * L / g, L * (g - 1.0) / g, np.ones_like(L)
 
 
 class CostModelError(ValueError):
@@ -80,12 +93,26 @@ class CostModel:
             name=name + ")",
         )
 
+    @property
+    def coefficients(self) -> np.ndarray:
+        """``[a, b, c, e]``: the weights of :func:`cost_terms`' columns."""
+        return np.array([self.a, self.b, self.c, self.e])
+
     def t(self, L: Any, g: Any = 1) -> Any:
         """Per-GPU cost of a length-``L`` sequence in a ``g``-GPU bag (broadcasts over arrays)."""
-        L = np.asarray(L, dtype=np.float64)
-        g = np.asarray(g, dtype=np.float64)
-        out = (self.a * L + self.b * L * L) / g + self.c * L * (g - 1.0) / g + self.e
+        terms = cost_terms(L, g)
+        out = self.a * terms[0]
+        for k, col in zip((self.b, self.c, self.e), terms[1:], strict=True):
+            if k != 0.0:  # (zero terms skipped: the planner calls this on every step)
+                out = out + k * col
         return out if out.ndim else float(out)
+
+    def table(self, lengths: Any, sizes: Any) -> np.ndarray:
+        """``[n, K]`` per-GPU cost of every sequence in a bag of every size: the one table the
+        solvers plan with (override this, or ``t``, to plan with another cost)."""
+        L = np.asarray(lengths, dtype=np.float64).reshape(-1, 1)
+        g = np.asarray(sizes, dtype=np.float64).reshape(1, -1)
+        return np.asarray(self.t(L, g), dtype=np.float64).reshape(L.shape[0], g.shape[1])
 
     def work(self, L: Any, g: Any = 1) -> Any:
         """GPU-time of the sequence summed over the bag: ``g * t(L, g)``."""

@@ -15,7 +15,10 @@ from typing import Any
 import numpy as np
 
 from knapformer.planning.cost import CostModel
+from knapformer.planning.errors import InfeasibleError, PlanError
 from knapformer.planning.layout import BagLayout
+from knapformer.planning.solvers import DEFAULT_SOLVER, solve
+from knapformer.planning.solvers.problem import CostTable
 
 __all__ = [
     "InfeasibleError",
@@ -26,14 +29,6 @@ __all__ = [
     "plan_step",
     "validate_lengths",
 ]
-
-
-class PlanError(ValueError):
-    """Invalid planner input (lengths, layout/world mismatch, unknown solver or option)."""
-
-
-class InfeasibleError(PlanError):
-    """No plan satisfies the constraints (e.g. the per-GPU token budget)."""
 
 
 def max_over_mean(loads: np.ndarray, mean: float | None = None) -> float:
@@ -253,41 +248,49 @@ def plan_step(
     lengths: Sequence[Sequence[int]],
     layout: BagLayout,
     cost: CostModel,
-    solver: str = "ours",
+    solver: str = DEFAULT_SOLVER,
+    *,
+    table: CostTable | None = None,
     **options: Any,
 ) -> Plan:
     """Balance one step: assign every sequence to a bag of its own replica.
 
-    Options (solver-dependent): ``max_tokens_per_gpu`` (per-GPU token budget after routing),
-    ``locality_slack`` (ours: relative makespan slack allowed to keep sequences home),
-    ``time_limit`` (exact: seconds), ``guard`` (ours: also run the reference and keep the
-    better plan; default True), ``stop_gap`` (ours: stop within this relative gap of the
-    bound, default 1e-4), ``max_iters`` (ours: local-search steps), ``keep_margin`` (ours:
-    home sequences are kept up to (1 - margin) x bound), ``replica_floor`` (ours: with several
-    replicas, stop balancing a replica once below the largest replica lower bound, since the
-    step cannot end earlier; default True).
-    """
-    from knapformer.planning import solvers as _solvers  # cyclic import, cached after first
+    The default solver, ``local-search`` (alias ``ours``), never returns a plan whose
+    makespan is above the ``reference`` plan's for the same inputs (with the default
+    ``guard=True`` and ``locality_slack=0``; with a token budget, whenever the reference plan
+    fits it).
 
+    Options (solver-dependent): ``max_tokens_per_gpu`` (per-GPU token budget after routing),
+    ``locality_slack`` (local-search: relative makespan slack allowed to keep sequences home),
+    ``time_limit`` (exact: seconds, model building included), ``max_variables`` (exact: size
+    guard), ``guard`` (local-search: also run the reference and keep the better plan; default
+    True), ``stop_gap`` (local-search: stop within this relative gap of the bound, default
+    1e-4), ``max_iters`` (local-search steps), ``keep_margin`` (home sequences are kept up to
+    (1 - margin) x bound), ``replica_floor`` (with several replicas, stop balancing a replica
+    once below the largest replica lower bound, since the step cannot end earlier; default
+    True). ``table``: ``CostTable.build(cost, flat lengths, sizes)`` when the caller plans
+    several layouts on the same lengths (computed once instead of per plan).
+    """
     t0 = time.perf_counter()
     if not isinstance(layout, BagLayout):
         raise PlanError(f"layout must be a BagLayout, got {type(layout).__name__}")
     if not isinstance(cost, CostModel):
         raise PlanError(f"cost must be a CostModel, got {type(cost).__name__}")
     flat, src = validate_lengths(lengths, layout.world_size)
-    result = _solvers.solve(flat, src, layout, cost, solver, options)
+    if table is not None and table.values.shape[0] != flat.shape[0]:
+        rows = table.values.shape[0]
+        raise PlanError(f"cost table has {rows} rows for {flat.shape[0]} sequences")
+    result = solve(flat, src, layout, cost, solver, options, table)
     bag = result.bag
-    sizes = np.asarray(layout.bag_sizes, dtype=np.int64)
     bag_of_rank = np.asarray(layout.bag_of_rank, dtype=np.int64)
     world = layout.world_size
     # (the solver's per-sequence costs when it has them: the same values, computed once)
     t1 = result.seq_cost1
     if t1 is None:
-        t1 = cost.t(flat, 1) if flat.size else np.zeros(0)
+        t1 = cost.table(flat, [1])[:, 0] if flat.size else np.zeros(0)
     load_before = np.bincount(src, weights=t1, minlength=world).astype(np.float64, copy=False)
     tg = result.seq_cost
-    if tg is None:
-        tg = cost.t(flat, sizes[bag]) if flat.size else np.zeros(0)
+    assert tg is not None  # (every solver path returns the costs it planned with)
     bag_load = np.bincount(bag, weights=tg, minlength=layout.num_bags)
     bag_load = bag_load.astype(np.float64, copy=False)
     load_after = bag_load[bag_of_rank]

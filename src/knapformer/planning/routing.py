@@ -18,7 +18,7 @@ Conventions (shared by every rank, so no table is ever communicated):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ __all__ = [
     "build_routing",
     "chunk_length_matrix",
     "concat_ranges",
+    "offset_tables",
     "routing_from_plan",
 ]
 
@@ -253,4 +254,37 @@ def build_routing(
         attn_scatter=attn_scatter,
         cu_seqlens=_readonly(cu),
         max_seqlen=max_seqlen,
+    )
+
+
+def offset_tables(
+    tables: RoutingTables, rank_offset: int, bag_offset: int, seq_offset: int, world_size: int
+) -> RoutingTables:
+    """Tables built on one replica (ranks ``0..group-1``, its own sequence ids) placed in the
+    whole world: ranks shift by ``rank_offset``, bags by ``bag_offset``, sequence ids by
+    ``seq_offset`` (the sequences of earlier replicas), and the per-rank splits get zeros for
+    every rank outside the replica. Lets each rank plan only its own replica."""
+    group = tables.world_size
+    if rank_offset < 0 or rank_offset + group > world_size:
+        raise RoutingError(f"replica ranks {rank_offset}..{rank_offset + group - 1} outside world")
+
+    def pad(splits: np.ndarray) -> np.ndarray:
+        out = np.zeros(world_size, dtype=np.int64)
+        out[rank_offset : rank_offset + group] = splits
+        return _readonly(out)
+
+    def shift(ids: np.ndarray) -> np.ndarray:
+        return _readonly(ids + seq_offset)
+
+    return replace(
+        tables,
+        rank=tables.rank + rank_offset,
+        world_size=world_size,
+        bag=tables.bag + bag_offset,
+        bag_ranks=tuple(r + rank_offset for r in tables.bag_ranks),
+        local_seq_ids=shift(tables.local_seq_ids),
+        send_splits=pad(tables.send_splits),
+        recv_splits=pad(tables.recv_splits),
+        seq_ids=shift(tables.seq_ids),
+        token_seq_ids=shift(tables.token_seq_ids),
     )

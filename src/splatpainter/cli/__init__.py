@@ -7,8 +7,10 @@ heavy imports (torch, numba) happen inside the commands so `--help` is fast.
 from splatpainter.cli import (
     convert,  # noqa: F401
     edit,  # noqa: F401
+    evaluate,  # noqa: F401
     info,  # noqa: F401
     render,  # noqa: F401
+    train,  # noqa: F401
 )
 from splatpainter.cli.app import app
 

@@ -11,25 +11,27 @@ from splatpainter.cli.info import user_errors
 
 METHODS = ("model", "backproject", "optimize")
 UNTRAINED_WARNING = (
-    "warning: --method model without --weights uses untrained, deterministically seeded "
-    "weights; the result is not a meaningful edit until trained weights are given"
+    "warning: --method model is using untrained, deterministically seeded weights; the result "
+    "is not a meaningful edit (give trained weights with --weights)"
 )
+KINDS = ("auto", "paint", "recolor", "relight", "detail")
 
 
-def make_method(method: str, weights: Path | None, steps: int):
-    """Build the editing method named on the command line."""
+def make_method(method: str, weights: Path | None, steps: int, kind: str = "auto"):
+    """Build the editing method named on the command line (the model: shipped weights unless
+    --weights names others)."""
     from splatpainter.edit import BackprojectMethod, ModelMethod, OptimizeMethod
 
     if method == "backproject":
         return BackprojectMethod()
     if method == "optimize":
         return OptimizeMethod(steps=steps)
-    from splatpainter.model import EditorModel, load_checkpoint
+    from splatpainter.model.editor import load_editor
 
-    if weights is None:
+    model = load_editor(weights)
+    if not model.trained:
         typer.echo(UNTRAINED_WARNING, err=True)
-        return ModelMethod(EditorModel.initial())
-    return ModelMethod(load_checkpoint(weights))
+    return ModelMethod(model, kind=kind)
 
 
 @app.command()
@@ -41,11 +43,17 @@ def edit(
         None, help="mask PNG for the matching --view (none: pixels that differ from the render)"
     ),
     method: str = typer.Option("model", help="model, backproject or optimize"),
-    weights: Path | None = typer.Option(None, help="editor checkpoint for --method model"),
+    weights: Path | None = typer.Option(
+        None,
+        help="editor weights (.safetensors or checkpoint) for --method model; default: shipped",
+    ),
     session: Path | None = typer.Option(
         None, help="session file: continued if it exists (ASSET is then ignored), saved after"
     ),
-    steps: int = typer.Option(100, help="Adam steps for --method optimize"),
+    steps: int = typer.Option(500, help="Adam steps for --method optimize"),
+    kind: str = typer.Option(
+        "auto", help="edit-kind hint for --method model: auto, paint, recolor, relight, detail"
+    ),
     out: Path = typer.Option(..., help="output asset (.ply or .splat)"),
 ) -> None:
     """Apply one edit (one or several views at once) to an asset and write the result."""
@@ -59,6 +67,8 @@ def edit(
             raise ValueError(
                 f"got {len(masks)} --mask for {len(view)} views; give none or one each"
             )
+        if kind not in KINDS:
+            raise ValueError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
         if method != "model" and weights is not None:
             raise ValueError("--weights only applies to --method model")
 
@@ -76,7 +86,7 @@ def edit(
             m = load_mask(masks[i]) if masks else None
             views.append(EditView(cam, load_image(img_path), m, name=str(img_path)).validate())
 
-        meth = make_method(method, weights, steps)
+        meth = make_method(method, weights, steps, kind)
         if session is not None and session.exists():
             sess = EditSession.load(session, meth)
         else:

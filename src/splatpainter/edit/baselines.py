@@ -2,27 +2,44 @@
 
 from __future__ import annotations
 
+import numbers
 import time
 from typing import Any
 
 import torch
 
 from splatpainter.edit.methods import EditMethod, write_back
+from splatpainter.edit.shares import Visibility, visibility
 from splatpainter.edit.signals import gather_signals
 from splatpainter.edit.views import EditView, effective_mask
 from splatpainter.model.stage1 import SH_C0
 
 
 class BackprojectMethod(EditMethod):
-    """Move each Gaussian's colour to the compositing-weighted average of its edited pixels.
+    """Move each seen Gaussian's colour by the compositing-weighted mean correction of its pixels.
 
-    Written in residual form: colour_g += sum_p w_gp m_p (edited_p - render_p) / sum_p w_gp m_p,
-    i.e. the Gaussian's colour goes to (its colour + the mean correction its pixels ask for).  For
-    an opaque surface this is the weighted-average target colour; unlike "set the colour to the
-    average target" it is exactly a no-op when the edited image equals the render (a pixel blends
-    several Gaussians, so the average target is not any single Gaussian's colour).  Only Gaussians
-    with at least `min_support` of their visible weight inside the mask and `min_weight` in-mask
-    weight (pixels) change; the SH DC term moves, higher bands stay.
+    Residual form: dc_g = f_g sum_p w_gp m_p (edited_p - render_p) / sum_p w_gp m_p (SH DC only,
+    higher bands stay).  For an opaque surface this takes the Gaussian to the weighted-average
+    target colour; unlike "set the colour to the average target" it is exactly a no-op when the
+    edited image equals the render.  A Gaussian is a candidate when it has at least
+    `min_weight` pixels of in-mask weight and `min_support` of its visible weight in the mask.
+
+    Occlusion: the mean correction is normalised by the Gaussian's own weight, so without a
+    further factor a Gaussian hidden behind a surface (0.04 px of weight, all of it inside the
+    painted area) would take the full correction and the paint would show on the object's back.
+    The factor f_g in [0, 1] is the Gaussian's *meaningful share* of its pixels:
+
+        seen_g = sum_p m_p w_gp / sum_p m_p alpha_gp   (shares.Visibility.seen)
+
+    the fraction of its own alpha that reaches the image (the alpha-weighted mean transmittance
+    T_gp in front of it; w_gp = T_gp alpha_gp), so a faint Gaussian in plain sight counts as
+    fully seen and an opaque one behind a surface as ~T.  f_g = 1 when seen_g >= share_full,
+    0 when seen_g <= share_min, linear between.  Dense splats of one surface also cover one
+    another (T is low under an opaque neighbour even on the front surface), so a Gaussian whose
+    weight-averaged depth lies at most `surface_sigmas` x its largest scale behind the rendered
+    depth of its pixels belongs to the visible surface and keeps f_g = 1; only Gaussians behind
+    the visible surface are faded by their share.  surface_sigmas=None uses the share alone;
+    share_min = share_full = 0 turns the factor off (the occlusion-blind back-projection).
     """
 
     name = "backproject"
@@ -32,30 +49,69 @@ class BackprojectMethod(EditMethod):
         *,
         min_support: float = 0.9,
         min_weight: float = 1e-2,
+        share_min: float = 0.05,
+        share_full: float = 0.25,
+        surface_sigmas: float | None = 3.0,
         background=(0.0, 0.0, 0.0),
     ) -> None:
         super().__init__(background=background)
+        if not 0.0 <= share_min <= share_full <= 1.0:
+            raise ValueError(
+                f"need 0 <= share_min <= share_full <= 1, got {share_min} and {share_full}"
+            )
+        if surface_sigmas is not None and not surface_sigmas >= 0:
+            raise ValueError(f"surface_sigmas must be >= 0 or None, got {surface_sigmas}")
         self.min_support = float(min_support)
         self.min_weight = float(min_weight)
+        self.share_min = float(share_min)
+        self.share_full = float(share_full)
+        self.surface_sigmas = None if surface_sigmas is None else float(surface_sigmas)
 
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
             "min_support": self.min_support,
             "min_weight": self.min_weight,
+            "share_min": self.share_min,
+            "share_full": self.share_full,
+            "surface_sigmas": self.surface_sigmas,
         }
+
+    def share_factor(self, asset, vis: Visibility) -> torch.Tensor:
+        """f_g [N] in [0, 1] (see the class docstring)."""
+        seen = vis.seen
+        if self.share_full > self.share_min:
+            f = ((seen - self.share_min) / (self.share_full - self.share_min)).clamp(0.0, 1.0)
+        else:
+            f = (seen >= self.share_min).to(seen.dtype)
+        if self.surface_sigmas is not None:
+            extent = self.surface_sigmas * asset.log_scales.detach().amax(-1).exp().to(f)
+            f = torch.where((vis.weight > 0) & (vis.depth_gap <= extent), torch.ones_like(f), f)
+        return f
 
     @torch.no_grad()
     def apply(self, asset, views: list[EditView], state: Any):
-        s, _ = gather_signals(asset, views, background=self.background)
-        selected = (
+        s, evidence = gather_signals(asset, views, background=self.background)
+        candidate = (
             (s.in_mask_weight >= self.min_weight)
             & (s.support >= self.min_support)
             & (s.residual != 0).any(-1)
         )
+        if not bool(candidate.any()):
+            return asset, state  # nothing seen or nothing to correct: bit-identical
+        if self.share_full == 0.0:  # factor off: every candidate counts as fully seen
+            f = torch.ones_like(s.in_mask_weight)
+        else:
+            vis = visibility(asset, [(ev.view.camera, ev.mask) for ev in evidence], candidate)
+            f = self.share_factor(asset, vis)
+        selected = candidate & (f > 0)
         sh = asset.sh.clone()
-        sh[:, 0, :] = asset.sh[:, 0, :] + s.residual.to(asset.sh) / SH_C0
+        step = f[:, None].to(s.residual) * s.residual
+        sh[:, 0, :] = asset.sh[:, 0, :] + step.to(asset.sh) / SH_C0
         return write_back(asset, selected, sh=sh), state
+
+
+BANDS = ("dc", "all")
 
 
 class OptimizeMethod(EditMethod):
@@ -63,9 +119,14 @@ class OptimizeMethod(EditMethod):
 
     Loss per view = mean over pixels of  m (render - edited)^2 + preserve_weight (1 - m)
     (render - current render)^2: pull the mask toward the edit, hold the rest where it was.
-    Stops after `steps` or `time_budget` seconds, whichever first.
+    bands="dc" (default) frees only the SH DC term, the view-independent colour, so a recolour
+    transfers to other views instead of being fitted into view-dependent bands; "all" frees the
+    higher bands too.  Stops after `steps` or `time_budget` seconds, whichever comes first (at
+    once if the first step gives no Gaussian a gradient: nothing could ever change then).
     `fit_geometry=True` also frees means, scales, rotations and opacity (to show the damage).
-    Only Gaussians that ever received a non-zero gradient are written back.
+    Only Gaussians that ever received a non-zero gradient are written back; the others keep
+    their exact bits.
+    `last_run` records what the latest `apply` did: steps taken, seconds, why it stopped.
     """
 
     name = "optimize"
@@ -73,21 +134,32 @@ class OptimizeMethod(EditMethod):
     def __init__(
         self,
         *,
-        steps: int = 100,
+        steps: int = 500,
         lr: float = 0.05,
         time_budget: float | None = None,
+        bands: str = "dc",
         fit_geometry: bool = False,
         preserve_weight: float = 20.0,
         background=(0.0, 0.0, 0.0),
     ) -> None:
         super().__init__(background=background)
-        if steps < 0:
-            raise ValueError(f"steps must be >= 0, got {steps}")
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+            raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        if time_budget is not None and not time_budget >= 0:
+            raise ValueError(f"time_budget must be >= 0 seconds or None, got {time_budget}")
+        if bands not in BANDS:
+            raise ValueError(f"bands must be one of {BANDS}, got {bands!r}")
+        if not preserve_weight >= 0:
+            raise ValueError(f"preserve_weight must be >= 0, got {preserve_weight}")
         self.steps = int(steps)
         self.lr = float(lr)
-        self.time_budget = time_budget
+        self.time_budget = None if time_budget is None else float(time_budget)
+        self.bands = bands
         self.fit_geometry = bool(fit_geometry)
         self.preserve_weight = float(preserve_weight)
+        self.last_run: dict[str, Any] = {}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -95,6 +167,7 @@ class OptimizeMethod(EditMethod):
             "steps": self.steps,
             "lr": self.lr,
             "time_budget": self.time_budget,
+            "bands": self.bands,
             "fit_geometry": self.fit_geometry,
             "preserve_weight": self.preserve_weight,
         }
@@ -102,6 +175,8 @@ class OptimizeMethod(EditMethod):
     def apply(self, asset, views: list[EditView], state: Any):
         from splatpainter.render import render
 
+        start = time.perf_counter()
+        self.last_run = {"steps": 0, "seconds": 0.0, "stopped_by": "no-op"}
         base = asset.detach()
         targets = []
         with torch.no_grad():
@@ -111,17 +186,31 @@ class OptimizeMethod(EditMethod):
                 targets.append((cam, v.image.to(ref), effective_mask(v, ref), ref))
         if all(float((m * (e - r).abs().amax(-1)).max()) == 0 for _, e, m, r in targets):
             return asset, state  # nothing to fit: no masked pixel differs from the render
-        names = ["sh"]
+        # The free tensors; the SH DC term is its own leaf, so with bands="dc" the higher
+        # bands are the original tensor (bit-exact) and get no gradient.
+        free = {"sh_dc": base.sh[:, :1].clone()}
+        if self.bands == "all" and base.sh.shape[1] > 1:
+            free["sh_rest"] = base.sh[:, 1:].clone()
         if self.fit_geometry:
-            names += ["means", "log_scales", "quats", "opacity_logits"]
-        params = {k: getattr(base, k).clone().requires_grad_(True) for k in names}
+            for k in ("means", "log_scales", "quats", "opacity_logits"):
+                free[k] = getattr(base, k).clone()
+        for p in free.values():
+            p.requires_grad_(True)
+
+        def current(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            rest = params.get("sh_rest", base.sh[:, 1:])
+            out = {k: v for k, v in params.items() if not k.startswith("sh_")}
+            out["sh"] = torch.cat([params["sh_dc"], rest], dim=1)
+            return out
+
         touched = torch.zeros(base.num_gaussians, dtype=torch.bool, device=base.device)
-        opt = torch.optim.Adam(params.values(), lr=self.lr)
-        start = time.perf_counter()
+        opt = torch.optim.Adam(free.values(), lr=self.lr)
+        stopped_by, done = "steps", 0
         for _ in range(self.steps):
-            if self.time_budget is not None and time.perf_counter() - start > self.time_budget:
+            if self.time_budget is not None and time.perf_counter() - start >= self.time_budget:
+                stopped_by = "time"
                 break
-            cur = base.replace(**params)
+            cur = base.replace(**current(free))
             loss = base.means.new_zeros(())
             for cam, edited, mask, ref in targets:
                 rgb = render(cur, cam, background=self.background).rgb
@@ -131,8 +220,20 @@ class OptimizeMethod(EditMethod):
             opt.zero_grad(set_to_none=False)
             loss.backward()
             with torch.no_grad():
-                for p in params.values():
-                    touched |= (p.grad != 0).reshape(p.shape[0], -1).any(-1)
+                got = torch.zeros_like(touched)
+                for p in free.values():
+                    got |= (p.grad != 0).reshape(p.shape[0], -1).any(-1)
+            if done == 0 and not bool(got.any()):
+                stopped_by = "no gradient"  # no Gaussian affects the loss: none will ever move
+                break
+            touched |= got
             opt.step()
-        new = {k: v.detach() for k, v in params.items()}
+            done += 1
+        self.last_run = {
+            "steps": done,
+            "seconds": time.perf_counter() - start,
+            "stopped_by": stopped_by,
+            "written": int(touched.sum()),
+        }
+        new = {k: v.detach() for k, v in current(free).items()}
         return write_back(base, touched, **new), state

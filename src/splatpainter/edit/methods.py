@@ -10,6 +10,7 @@ selection), so Gaussians it does not touch keep their exact bits.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from splatpainter.edit.signals import gather_signals
 from splatpainter.edit.views import EditView
 from splatpainter.model.stage1 import SH_C0, Stage1Latent
-from splatpainter.model.stage2 import EditSample
+from splatpainter.model.stage2 import EDIT_HINTS, EditSample
 from splatpainter.model.ttt import FastWeights
 
 
@@ -67,21 +68,83 @@ def normalized_plucker(camera, center: torch.Tensor, extent: torch.Tensor) -> to
     return torch.cat([d, torch.linalg.cross(o, d, dim=-1)], dim=-1)
 
 
+REFERENCE_VIEW_PIXELS = 128 * 128
+
+
+def build_edit_sample(
+    asset,
+    views: list[EditView],
+    latent: Stage1Latent,
+    *,
+    hint: str = "auto",
+    background=(0.0, 0.0, 0.0),
+) -> EditSample:
+    """Render the edit views against the asset and assemble Stage II's input (no gradients)."""
+    signals, evidence = gather_signals(asset, views, background=background)
+    vox = latent.vox
+    pix = []
+    for ev in evidence:
+        edited = ev.view.image.to(ev.render)
+        plk = normalized_plucker(ev.view.camera.to(asset.device), vox.center, vox.extent)
+        pix.append(
+            torch.cat(
+                [edited, ev.render, edited - ev.render, plk.to(edited), ev.mask[..., None]],
+                dim=-1,
+            )
+        )
+    # Compositing weights are in pixels, so they grow with the view's resolution; the editor was
+    # trained on 128x128 views, so weights are expressed in pixels of a view of that size.
+    area = sum(int(v.camera.width) * int(v.camera.height) for v in views) / max(len(views), 1)
+    scale = REFERENCE_VIEW_PIXELS / area if area > 0 else 1.0
+    if scale != 1.0:
+        signals = dataclasses.replace(
+            signals,
+            in_mask_weight=signals.in_mask_weight * scale,
+            weight=None if signals.weight is None else signals.weight * scale,
+        )
+    return EditSample(
+        latent=latent,
+        views=pix,
+        signals=signals,
+        colors=0.5 + SH_C0 * asset.sh[:, 0, :],
+        hint=hint,
+    )
+
+
+def apply_color_delta(asset, rgb_delta: torch.Tensor):
+    """Add a base-colour delta [N, 3] to SH DC; Gaussians with a zero delta keep their bits."""
+    sh = asset.sh.clone()
+    sh[:, 0, :] = asset.sh[:, 0, :] + (rgb_delta / SH_C0).to(sh)
+    return write_back(asset, (rgb_delta != 0).any(-1), sh=sh)
+
+
 class ModelMethod(EditMethod):
-    """The SplatPainter editor: Stage I latent (once per asset) + Stage II with TTT state."""
+    """The SplatPainter editor: Stage I latent (once per asset) + Stage II with TTT state.
+
+    kind: the edit-kind hint (one of EDIT_HINTS; "auto" lets the model infer it).
+    refresh_latent: re-encode Stage I after every edit, so the latent sees the edited colours
+    (costs one Stage I pass per edit; off by default, as in training, where the latent is the
+    source asset's).
+    """
 
     name = "model"
 
-    def __init__(self, model, *, background=(0.0, 0.0, 0.0)) -> None:
+    def __init__(
+        self, model, *, kind: str = "auto", refresh_latent: bool = False, background=(0.0, 0.0, 0.0)
+    ) -> None:
         super().__init__(background=background)
+        if kind not in EDIT_HINTS:
+            raise ValueError(f"unknown edit kind {kind!r}; use one of {', '.join(EDIT_HINTS)}")
         self.model = model.eval()
+        self.kind = kind
+        self.refresh_latent = bool(refresh_latent)
 
     def initial_state(self, asset) -> dict[str, Any]:
         latent = self.model.encode_asset(asset)
         return {"fast": [f.detach() for f in self.model.stage2.init_state(1)], "latent": latent}
 
     def reset_state(self, asset, state: dict[str, Any]) -> dict[str, Any]:
-        # The latent is a function of the (fixed) geometry and is kept; the fast weights reset.
+        # The latent depends on the asset, not on the edit history; the fast weights reset.
         return {
             "fast": [f.detach() for f in self.model.stage2.init_state(1)],
             "latent": state["latent"],
@@ -94,42 +157,21 @@ class ModelMethod(EditMethod):
             **super().describe(),
             "config": asdict(self.model.config),
             "weights": self.model.weights_fingerprint(),
+            "refresh_latent": self.refresh_latent,  # the kind hint may change between edits
         }
 
     @torch.no_grad()
     def apply(self, asset, views: list[EditView], state: dict[str, Any]):
-        signals, evidence = gather_signals(asset, views, background=self.background)
-        if not any(bool(ev.mask.any()) for ev in evidence):
-            # Nothing marked as edited: the network would gate every delta to zero and leave the
-            # fast weights untouched (all token weights are zero), so skip the work.
-            return asset, state
         latent: Stage1Latent = state["latent"]
-        vox = latent.vox
-        pix = []
-        for ev in evidence:
-            edited = ev.view.image.to(ev.render)
-            plk = normalized_plucker(ev.view.camera.to(asset.device), vox.center, vox.extent)
-            pix.append(
-                torch.cat(
-                    [edited, ev.render, edited - ev.render, plk.to(edited), ev.mask[..., None]],
-                    dim=-1,
-                )
-            )
-        sample = EditSample(
-            latent=latent, views=pix, signals=signals, colors=0.5 + SH_C0 * asset.sh[:, 0, :]
-        )
+        sample = build_edit_sample(asset, views, latent, hint=self.kind, background=self.background)
+        if float(sample.signals.evidence(self.model.stage2.config.evidence_tau)) == 0.0:
+            # Nothing seen or nothing changed: every delta would be exactly zero; the fast
+            # weights stay as they were too.
+            return asset, state
         deltas, fast = self.model.stage2([sample], state["fast"])
-        d = deltas[0]
-        selected = d["gate"] > 0
-        sh = asset.sh.clone()
-        sh[:, 0, :] = asset.sh[:, 0, :] + d["sh_dc"]
-        if "sh_rest" in d and asset.sh.shape[1] > 1:
-            k = asset.sh.shape[1] - 1
-            sh[:, 1:, :] = asset.sh[:, 1:, :] + d["sh_rest"][:, :k, :]
-        new = {"sh": sh}
-        if "opacity_logits" in d:
-            new["opacity_logits"] = asset.opacity_logits + d["opacity_logits"]
-        out = write_back(asset, selected, **new)
+        out = apply_color_delta(asset, deltas[0]["rgb"])
+        if self.refresh_latent:
+            latent = self.model.encode_asset(out)
         return out, {"fast": [f.detach() for f in fast], "latent": latent}
 
     def state_to_dict(self, state: dict[str, Any]) -> dict[str, Any]:

@@ -79,5 +79,6 @@ def gather_signals(
         abs_residual=torch.where(has, wa / safe, zeros),
         support=torch.where(wt > 0, wm / torch.where(wt > 0, wt, torch.ones_like(wt)), zeros),
         in_mask_weight=wm,
+        weight=wt,
     )
     return signals, evidence

@@ -13,8 +13,10 @@ tag, rebuilds the model from the stored config and loads the weights strictly; a
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -90,6 +92,7 @@ class EditorModel(nn.Module):
         self.stage1 = Stage1Encoder(self.config.stage1)
         self.stage2 = Stage2Editor(self.config.stage2, self.config.stage1.latent_dim)
         self._cache: dict[str, Stage1Latent] = {}
+        self.trained = False  # set by load_weights from the file's metadata
 
     @classmethod
     def initial(cls, config: EditorConfig | None = None, seed: int = DEFAULT_SEED) -> EditorModel:
@@ -207,6 +210,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> EditorModel:
     model = EditorModel(EditorConfig.from_dict(payload["config"]))
     check_state_dict(model, payload["state_dict"], str(path))
     model.load_state_dict(payload["state_dict"])
+    model.trained = bool(payload.get("trained", False))
     return model.eval()
 
 
@@ -228,4 +232,66 @@ def load_weights_into(model: EditorModel, path: str | os.PathLike[str]) -> Edito
         )
     check_state_dict(model, payload["state_dict"], str(path))
     model.load_state_dict(payload["state_dict"])
+    return model
+
+
+# ------------------------------------------------------------------------- shipped weights
+WEIGHTS_FORMAT = "splatpainter-editor-weights"
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "data" / "editor.safetensors"
+
+
+def save_weights(model: EditorModel, path: str | os.PathLike[str], **meta: str) -> None:
+    """Atomically write the weights as safetensors, the config and `meta` in its metadata."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = {"format": WEIGHTS_FORMAT, "config": json.dumps(asdict(model.config)), **meta}
+    blob = save(tensors, metadata=metadata)
+    atomic_write_with(path, lambda f: f.write(blob))
+
+
+def load_weights(path: str | os.PathLike[str]) -> EditorModel:
+    """Build the model a safetensors (or torch checkpoint) file describes and load its weights.
+
+    Any mismatch (another architecture, a foreign file) is a CheckpointError naming it.
+    """
+    p = Path(path)
+    if p.suffix != ".safetensors":
+        return load_checkpoint(p)
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        blob = p.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{p}: cannot read ({e.strerror or e})") from None
+    try:
+        tensors = load(blob)
+        header_len = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8 : 8 + header_len])
+    except (SafetensorError, ValueError, OverflowError) as e:
+        raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
+    meta = header.get("__metadata__") or {}
+    if meta.get("format") != WEIGHTS_FORMAT or "config" not in meta:
+        raise CheckpointError(f"{p}: not a {WEIGHTS_FORMAT} file (no editor config in metadata)")
+    try:
+        config = EditorConfig.from_dict(json.loads(meta["config"]))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{p}: editor config in metadata is not JSON ({e})") from None
+    model = EditorModel(config)
+    check_state_dict(model, tensors, str(p))
+    model.load_state_dict(tensors)
+    model.trained = meta.get("trained", "false") == "true"
+    return model.eval()
+
+
+def load_editor(path: str | os.PathLike[str] | None = None) -> EditorModel:
+    """The editor `--method model` uses: `path`, else the shipped weights, else (with a warning
+    from the caller) seeded untrained weights.  `model.trained` says which."""
+    if path is not None:
+        return load_weights(path)
+    if DEFAULT_WEIGHTS.exists():
+        return load_weights(DEFAULT_WEIGHTS)
+    model = EditorModel.initial()
+    model.trained = False
     return model

@@ -51,7 +51,7 @@ class Stage1Config:
     max_group: int = 64
     neighbor_mix: bool = True
     image_feat_dim: int = 16
-    num_views: int = 4
+    num_views: int = 6
     view_size: int = 64
     vis_min_weight: float = 0.1  # compositing weight (pixels) for "visible in this view"
     decode_sh_rest: bool = False
@@ -161,7 +161,16 @@ def render_preprocess_views(asset, config: Stage1Config) -> PreprocessViews:
     if n == 0:
         z = a.means.new_zeros(0, s, s)
         return PreprocessViews(z[..., None].expand(0, s, s, 3), z, a.means.new_zeros(0, len(a)), [])
-    cams = [c.to(a.device) for c in orbit_cameras(a, n, width=s, height=s, elevation_deg=25.0)]
+    # Half the views from above, half from below, so undersides are seen too.
+    up = orbit_cameras(a, (n + 1) // 2, width=s, height=s, elevation_deg=25.0)
+    down = (
+        orbit_cameras(
+            a, n // 2, width=s, height=s, elevation_deg=-30.0, azimuth_start_deg=180.0 / n
+        )
+        if n > 1
+        else []
+    )
+    cams = [c.to(a.device) for c in up + down]
     rgbs, alphas, weights = [], [], []
     for cam in cams:
         with torch.no_grad():
@@ -213,6 +222,20 @@ def pool_image_features(
     pooled = acc / count.clamp_min(1)[:, None]
     frac = count / max(views.num_views, 1)
     return torch.cat([pooled, frac[:, None]], dim=-1)
+
+
+def asset_normals(asset, views: PreprocessViews) -> torch.Tensor:
+    """Oriented per-Gaussian normals, oriented by the preprocessing views that see them."""
+    from splatpainter.model.hypotheses import estimate_normals
+
+    a = asset.detach()
+    centers = (
+        torch.stack([c.camera_center().to(a.means) for c in views.cameras])
+        if views.num_views
+        else None
+    )
+    weights = views.weights if views.num_views else None
+    return estimate_normals(a.quats, a.log_scales, a.means, weights, centers)
 
 
 # ------------------------------------------------------------------------- grouping
@@ -272,9 +295,12 @@ class Stage1Latent:
     vox: Voxelization
     voxel_latent: torch.Tensor  # [V, latent_dim]
     gauss_feat: torch.Tensor  # [N, gauss_feat_dim]
+    normals: torch.Tensor | None = None  # [N, 3] oriented normals (see hypotheses)
 
     def detach(self) -> Stage1Latent:
-        return Stage1Latent(self.vox, self.voxel_latent.detach(), self.gauss_feat.detach())
+        return Stage1Latent(
+            self.vox, self.voxel_latent.detach(), self.gauss_feat.detach(), self.normals
+        )
 
     def to_dict(self) -> dict:
         v = self.vox
@@ -286,6 +312,7 @@ class Stage1Latent:
             "grid_size": v.grid_size,
             "voxel_latent": self.voxel_latent.detach().cpu(),
             "gauss_feat": self.gauss_feat.detach().cpu(),
+            "normals": None if self.normals is None else self.normals.cpu(),
         }
 
     @classmethod
@@ -297,7 +324,13 @@ class Stage1Latent:
             d["voxel_ijk"].to(device),
             int(d["grid_size"]),
         )
-        return cls(vox, d["voxel_latent"].to(device), d["gauss_feat"].to(device))
+        normals = d.get("normals")
+        return cls(
+            vox,
+            d["voxel_latent"].to(device),
+            d["gauss_feat"].to(device),
+            None if normals is None else normals.to(device),
+        )
 
 
 class Stage1Encoder(nn.Module):
@@ -361,9 +394,10 @@ class Stage1Encoder(nn.Module):
             latent = latent + self.neighbor(neighbor_mean(lin, ijk, latent, g))
         gfeat = self.to_gauss(h)
         out, n0 = [], 0
-        for v, o in zip(voxs, offsets, strict=True):
+        for a, w, v, o in zip(assets, views, voxs, offsets, strict=True):
             n = v.gauss_voxel.shape[0]
-            out.append(Stage1Latent(v, latent[o : o + v.num_voxels], gfeat[n0 : n0 + n]))
+            normals = asset_normals(a, w)
+            out.append(Stage1Latent(v, latent[o : o + v.num_voxels], gfeat[n0 : n0 + n], normals))
             n0 += n
         return out
 

@@ -5,20 +5,21 @@ first *updated* with the edit-view tokens (patches of [edited RGB, current rende
 Plücker rays, mask]) and then *applied* to the voxel tokens; the updated fast weights are the
 state that carries over to the next edit.
 
-Per-Gaussian heads read (voxel token, Stage I Gaussian feature, current colour, edit signals) and
-predict deltas to SH DC (optionally higher bands and opacity); geometry is never touched.
+Per-Gaussian heads read (voxel token, Stage I Gaussian feature, colour, normal, edit signals,
+closed-form edit hypotheses, the edit-kind hint) and predict a colour delta
 
-Identity preservation is structural, not learned.  Every delta is multiplied by a gate
+    delta_g = E * w_g * (sum_k softmax(mix_g)_k hypothesis_gk + 0.1 tanh(corr_g)),
+    w_g = clamp((sigmoid(gate_g) - floor) / (1 - floor), 0, 1)
 
-    gate_g = support_g * clamp(absres_g / residual_tau, 0, 1)
+where the hypotheses (`splatpainter.model.hypotheses`) are the back-projected residual, an affine
+recolour and a Lambertian relight fitted to the seen Gaussians.  w_g is a *learned* per-Gaussian
+edit weight: it is free to change Gaussians no edit view sees (the far side of a recoloured part,
+the unseen side of a relit object) and to leave them (the back of a painted object).  Only SH DC
+changes; geometry, opacity and higher SH bands are never touched.
 
-where support_g is the fraction of Gaussian g's compositing weight (over the edit views) that lands
-inside the edit mask and absres_g the weight-averaged |edited - render| there (both from the
-renderer, see `splatpainter.edit.signals`).  A camera that sees none of the asset gives support 0,
-an edit equal to the current render gives absres 0: in both cases every delta is exactly zero.
-Gaussians below `min_weight` / `support_min` are gated to zero as well.  With
-`delta_scope="global"` (recolour/relight) the gate becomes one scalar, the largest per-Gaussian
-gate, so unseen Gaussians may change too, yet the two no-op cases stay exact.
+Identity preservation where nothing is asked is structural: E = clamp(sum_g in-mask weight_g *
+|residual|_g / evidence_tau, 0, 1) is exactly zero when no edit pixel lands on the asset or the
+edited image equals the render, and then every delta is exactly zero.
 """
 
 from __future__ import annotations
@@ -29,13 +30,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splatpainter.model.hypotheses import (
+    BIN_STATS_DIM,
+    EDIT_STATS_DIM,
+    NUM_HYPOTHESES,
+    edit_hypotheses,
+)
 from splatpainter.model.layers import MLP, SelfAttention, fourier_encode, segment_mean
-from splatpainter.model.stage1 import MAX_SH_REST, SH_C0, Stage1Latent
+from splatpainter.model.stage1 import SH_C0, Stage1Latent
 from splatpainter.model.ttt import FastWeights, TTTConfig, TTTLayer
 
 # Channels of an edit-view pixel: edited rgb, render rgb, residual rgb, Plücker (6), mask.
 VIEW_CHANNELS = 3 + 3 + 3 + 6 + 1
-SIGNAL_DIM = 3 + 1 + 1  # residual rgb, |residual|, support
+SIGNAL_DIM = 3 + 1 + 1 + 1  # residual rgb, |residual|, support, log(1 + visible weight)
+# The edit-kind hint: "auto" lets the model infer the kind.
+EDIT_HINTS = ("auto", "paint", "recolor", "relight", "detail")
+# Which hypotheses (back-projected residual, affine recolour, relight) a hint allows: paint and
+# detail are local and only move what the views show; "auto" leaves the choice to the network.
+HINT_HYPOTHESES = {
+    "auto": torch.tensor([True, True, True]),
+    "paint": torch.tensor([True, False, False]),
+    "recolor": torch.tensor([True, True, False]),
+    "relight": torch.tensor([True, False, True]),
+    "detail": torch.tensor([True, False, False]),
+}
 
 
 @dataclass
@@ -54,21 +72,18 @@ class Stage2Config:
     fourier_freqs: int = 6
     head_hidden: int = 64
     gauss_feat_dim: int = 32  # must match Stage I
-    predict_sh_rest: bool = False
-    predict_opacity: bool = False
-    backproject_skip: bool = True  # delta_dc includes gain * residual / C0 (gain learned, init 1)
-    delta_scope: str = "visible"  # "visible" | "global"
-    residual_tau: float = 0.01  # |residual| at which the gate saturates (colour units)
-    support_min: float = 0.5  # Gaussians with less of their weight inside the mask stay fixed
-    min_weight: float = 1e-3  # ... and so do those with less absolute in-mask weight (pixels)
+    evidence_tau: float = 0.05  # in-mask weight x |residual| (pixels) at which E saturates
+    correction_scale: float = 0.1  # bound of the free per-Gaussian colour correction
+    gate_floor: float = 0.05  # learned edit weights below this are exactly zero
+    hint_restricts: bool = True  # a kind hint limits the hypotheses (see HINT_HYPOTHESES)
 
     def __post_init__(self) -> None:
-        if self.delta_scope not in ("visible", "global"):
-            raise ValueError(f"delta_scope must be 'visible' or 'global', got {self.delta_scope!r}")
         if self.dim % self.num_heads or self.dim % self.ttt_heads:
             raise ValueError(f"dim {self.dim} must be divisible by num_heads and ttt_heads")
         if self.patch_size < 1:
             raise ValueError("patch_size must be >= 1")
+        if not self.evidence_tau > 0:
+            raise ValueError("evidence_tau must be positive")
 
     def ttt_config(self) -> TTTConfig:
         return TTTConfig(
@@ -88,9 +103,29 @@ class GaussianSignals:
     abs_residual: torch.Tensor  # [N] weighted mean of max-channel |edited - render|
     support: torch.Tensor  # [N] in-mask weight / total weight over the edit views
     in_mask_weight: torch.Tensor  # [N] absolute in-mask compositing weight (pixels)
+    weight: torch.Tensor | None = None  # [N] total compositing weight (pixels) over the views
+
+    def total_weight(self) -> torch.Tensor:
+        if self.weight is not None:
+            return self.weight
+        return torch.where(
+            self.support > 0, self.in_mask_weight / self.support.clamp_min(1e-12), self.support
+        )
 
     def as_features(self) -> torch.Tensor:
-        return torch.cat([self.residual, self.abs_residual[:, None], self.support[:, None]], dim=-1)
+        return torch.cat(
+            [
+                self.residual,
+                self.abs_residual[:, None],
+                self.support[:, None],
+                torch.log1p(self.total_weight())[:, None],
+            ],
+            dim=-1,
+        )
+
+    def evidence(self, tau: float) -> torch.Tensor:
+        """E in [0, 1]: exactly 0 when no masked pixel both lands on the asset and differs."""
+        return torch.clamp((self.in_mask_weight * self.abs_residual).sum() / tau, 0.0, 1.0)
 
 
 @dataclass
@@ -101,6 +136,11 @@ class EditSample:
     views: list[torch.Tensor]  # each [H, W, VIEW_CHANNELS]
     signals: GaussianSignals
     colors: torch.Tensor  # [N, 3] current base colours (0.5 + C0 * sh_dc)
+    hint: str = "auto"  # one of EDIT_HINTS
+
+    def __post_init__(self) -> None:
+        if self.hint not in EDIT_HINTS:
+            raise ValueError(f"unknown edit kind {self.hint!r}; use one of {EDIT_HINTS}")
 
 
 def patchify(img: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,47 +189,64 @@ class Stage2Editor(nn.Module):
         super().__init__()
         self.config = config
         c = config
+        per_gauss = SIGNAL_DIM + 3 * NUM_HYPOTHESES + BIN_STATS_DIM
         self.voxel_in = nn.Linear(latent_dim, c.dim)
         self.voxel_pos = nn.Linear(3 * 2 * c.fourier_freqs, c.dim)
-        self.voxel_sig = nn.Linear(SIGNAL_DIM, c.dim)
+        self.voxel_sig = nn.Linear(per_gauss, c.dim)
+        self.edit_stats = nn.Linear(EDIT_STATS_DIM, c.dim)
+        self.hint_embed = nn.Embedding(len(EDIT_HINTS), c.dim)
         self.edit_in = nn.Linear(c.patch_size**2 * VIEW_CHANNELS, c.dim)
         self.blocks = nn.ModuleList(EditorBlock(c) for _ in range(c.num_blocks))
         self.norm_out = nn.LayerNorm(c.dim)
-        self.out_dim = 3 + (3 * MAX_SH_REST if c.predict_sh_rest else 0) + int(c.predict_opacity)
-        self.head = MLP(c.dim + c.gauss_feat_dim + 3 + SIGNAL_DIM, c.head_hidden, self.out_dim)
+        head_in = c.dim + c.gauss_feat_dim + 3 + 3 + per_gauss + EDIT_STATS_DIM + len(EDIT_HINTS)
+        self.head = MLP(head_in, c.head_hidden, 1 + NUM_HYPOTHESES + 3)
         nn.init.normal_(self.head.fc2.weight, std=0.01)
-        nn.init.zeros_(self.head.fc2.bias)
-        self.bp_gain = nn.Parameter(torch.ones(())) if c.backproject_skip else None
+        with torch.no_grad():  # start as back-projection: gate ~ 0.5, mix on the residual
+            self.head.fc2.bias.zero_()
+            self.head.fc2.bias[1] = 3.0
 
     def init_state(self, batch: int = 1) -> list[FastWeights]:
         return [blk.ttt.init_state(batch) for blk in self.blocks]
 
-    def gate(self, s: GaussianSignals) -> torch.Tensor:
-        """Per-Gaussian delta gate in [0, 1]; exactly 0 where the edit gives no evidence."""
-        c = self.config
-        g = s.support * torch.clamp(s.abs_residual / c.residual_tau, 0.0, 1.0)
-        ok = (s.in_mask_weight >= c.min_weight) & (s.support >= c.support_min)
-        g = torch.where(ok, g, torch.zeros_like(g))
-        if c.delta_scope == "global":
-            g = g.max().expand_as(g) if g.numel() else g
-        return g
+    def _gaussian_inputs(self, s: EditSample):
+        sig = s.signals
+        normals = s.latent.normals
+        if normals is None:
+            normals = torch.zeros_like(s.colors)
+        cand, stats, bins = edit_hypotheses(
+            s.colors,
+            sig.residual,
+            sig.abs_residual,
+            sig.in_mask_weight,
+            sig.support,
+            sig.total_weight(),
+            normals,
+        )
+        per_gauss = torch.cat([sig.as_features(), cand.flatten(1), bins], -1)
+        return cand, stats, per_gauss, normals
 
     def forward(
         self, samples: list[EditSample], state: list[FastWeights]
     ) -> tuple[list[dict[str, torch.Tensor]], list[FastWeights]]:
         """Predict per-Gaussian deltas for each sample; returns (deltas, new state).
 
-        deltas[b] has "sh_dc" [N,3] (+ "sh_rest" [N,15,3], "opacity_logits" [N]) and "gate" [N].
+        deltas[b]: "rgb" [N, 3] colour delta, "sh_dc" [N, 3] (= rgb / C0), "gate" [N] (the
+        effective edit weight E * sigmoid(gate)), "mix" [N, NUM_HYPOTHESES], "evidence" [].
         """
         c = self.config
-        # Voxel tokens, padded to [B, V, D].
+        inputs = [self._gaussian_inputs(s) for s in samples]
         vtok = []
-        for s in samples:
+        for s, (_, stats, per_gauss, _) in zip(samples, inputs, strict=True):
             vox = s.latent.vox
-            sig = segment_mean(s.signals.as_features(), vox.gauss_voxel, vox.num_voxels)
+            sig = segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels)
             pos = fourier_encode(vox.voxel_centers() * 2.0, c.fourier_freqs)
+            hint = self.hint_embed.weight[EDIT_HINTS.index(s.hint)]
             vtok.append(
-                self.voxel_in(s.latent.voxel_latent) + self.voxel_pos(pos) + self.voxel_sig(sig)
+                self.voxel_in(s.latent.voxel_latent)
+                + self.voxel_pos(pos)
+                + self.voxel_sig(sig)
+                + self.edit_stats(stats)
+                + hint
             )
         x, vmask = _pad(vtok)
         # Edit tokens, padded to [B, T, D]; a view with no masked pixel contributes nothing.
@@ -211,26 +268,44 @@ class Stage2Editor(nn.Module):
             new_state.append(st)
         x = self.norm_out(x)
         out = []
-        for b, s in enumerate(samples):
+        for b, (s, (cand, stats, per_gauss, normals)) in enumerate(
+            zip(samples, inputs, strict=True)
+        ):
             vox = s.latent.vox
-            sig = s.signals
+            n = s.colors.shape[0]
+            hint = F.one_hot(torch.tensor(EDIT_HINTS.index(s.hint)), len(EDIT_HINTS)).to(x)
             z = torch.cat(
-                [x[b, vox.gauss_voxel], s.latent.gauss_feat, s.colors, sig.as_features()], dim=-1
+                [
+                    x[b, vox.gauss_voxel],
+                    s.latent.gauss_feat,
+                    s.colors,
+                    normals,
+                    per_gauss,
+                    stats.expand(n, -1),
+                    hint.expand(n, -1),
+                ],
+                dim=-1,
             )
             y = self.head(z)
-            gate = self.gate(sig).to(y.dtype)
-            dc = y[:, :3]
-            if self.bp_gain is not None:
-                dc = dc + self.bp_gain * sig.residual / SH_C0
-            d = {"sh_dc": dc * gate[:, None], "gate": gate}
-            i = 3
-            if c.predict_sh_rest:
-                rest = y[:, i : i + 3 * MAX_SH_REST].reshape(-1, MAX_SH_REST, 3)
-                d["sh_rest"] = rest * gate[:, None, None]
-                i += 3 * MAX_SH_REST
-            if c.predict_opacity:
-                d["opacity_logits"] = y[:, i] * gate
-            out.append(d)
+            evidence = s.signals.evidence(c.evidence_tau).to(y.dtype)
+            # Edit weights below gate_floor are exactly zero: where the network is confident a
+            # Gaussian is not part of the edit, it keeps its bits (and is not written back).
+            f = c.gate_floor
+            soft = torch.sigmoid(y[:, 0])
+            hard = torch.clamp((soft - f) / (1 - f), 0.0, 1.0)
+            if self.training:  # straight-through: a gate below the floor can still learn to open
+                hard = hard + (soft - soft.detach())
+            gate = evidence * hard
+            logits = y[:, 1 : 1 + NUM_HYPOTHESES]
+            if c.hint_restricts:  # a given kind rules hypotheses out (paint: no recolour)
+                allowed = HINT_HYPOTHESES[s.hint].to(logits.device)
+                logits = logits.masked_fill(~allowed, float("-inf"))
+            mix = torch.softmax(logits, -1)
+            corr = c.correction_scale * torch.tanh(y[:, 1 + NUM_HYPOTHESES :])
+            rgb = gate[:, None] * ((mix[..., None] * cand).sum(1) + corr)
+            out.append(
+                {"rgb": rgb, "sh_dc": rgb / SH_C0, "gate": gate, "mix": mix, "evidence": evidence}
+            )
         return out, new_state
 
 

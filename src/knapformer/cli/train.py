@@ -1,0 +1,69 @@
+"""`knapformer train`: train the MMDiT on the synthetic mixture, balanced or not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from knapformer.cli.app import app
+
+
+@app.command()
+def train(
+    config: Path = typer.Option(..., help="TOML config (e.g. configs/tiny.toml)."),
+    nproc: int = typer.Option(1, help="Local ranks to spawn (gloo on CPU, NCCL on CUDA)."),
+    balancer: str = typer.Option(None, help="none | auto | a bag spec such as g1n2+g2n1."),
+    steps: int = typer.Option(None, help="Train up to this step."),
+    log: Path = typer.Option(None, help="JSONL log, one record per step (rank 0)."),
+    checkpoint_dir: Path = typer.Option(None, help="Where DCP checkpoints go."),
+    checkpoint_every: int = typer.Option(None, help="Checkpoint every K steps (and the last)."),
+    resume: bool = typer.Option(False, help="Continue from the latest checkpoint."),
+    data_codes: str = typer.Option(None, help="Override data.codes (g<G>b<B>i<R>f<F>s<S>,...)."),
+    cost: str = typer.Option(None, help="flops | calibrate | PROFILE.json."),
+    progress: bool = typer.Option(True, help="Rich progress bar on rank 0."),
+    set_: list[str] = typer.Option(
+        None, "--set", help="Any config key: --set train.lr=3e-4 (repeatable)."
+    ),
+) -> None:
+    """Train; for torchrun use `python -m knapformer.train` with the same flags."""
+    from knapformer.train.config import ConfigError, check_world, load_config
+    from knapformer.train.launch import flag_overrides, spawn
+
+    try:
+        cfg = load_config(
+            config,
+            flag_overrides(
+                balancer=balancer,
+                steps=steps,
+                log=None if log is None else str(log),
+                checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+                checkpoint_every=checkpoint_every,
+                resume=resume,
+                data_codes=data_codes,
+                cost=cost,
+                progress=progress,
+                sets=set_ or [],
+            ),
+        )
+        if nproc < 1:
+            raise ConfigError(f"--nproc must be >= 1, got {nproc}")
+        check_world(cfg, nproc)
+        if cfg.checkpoint.resume:
+            from knapformer.train.checkpoint import CheckpointError, latest_checkpoint
+
+            try:
+                latest_checkpoint(cfg.checkpoint.dir)
+            except CheckpointError as exc:
+                raise ConfigError(str(exc)) from None
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        spawn(cfg, nproc)
+    except Exception as exc:  # a rank failed: show its last line, not a wall of tracebacks
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        typer.echo(f"error: training failed: {lines[-1] if lines else exc!r}", err=True)
+        raise typer.Exit(1) from None
+    if log is not None:
+        typer.echo(f"log {log}")

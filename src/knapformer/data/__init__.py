@@ -1,0 +1,1 @@
+"""Data: the synthetic heterogeneous image/video dataset (and the shipped length files)."""

@@ -1,0 +1,220 @@
+"""Apply KnapFormer balancing, activation checkpointing and FSDP2 to a plain MMDiT, from outside.
+
+As in torchtitan, the model is written for one process and ``parallelize`` rewrites it in place:
+
+* every block's :class:`~knapformer.models.mmdit.VarlenAttention` becomes a
+  :class:`BalancedAttention` (Ulysses inside multi-GPU bags), so nothing is threaded through
+  ``forward``;
+* the model's dispatcher becomes a :class:`BalancedDispatcher`: it routes the embedded tokens and
+  their per-token features (3-axis positions, modality) to the balanced layout in one
+  all-to-all per dtype, derives each token's sequence from the balancer, and delivers every
+  sequence's conditioning (timestep, pooled text: the adaLN input) to the ranks that hold its
+  tokens (one small all-gather of per-sequence rows, not per-token traffic); ``combine`` routes
+  the output back, so the loss is computed in the original layout;
+* blocks are wrapped for activation checkpointing (optional) and sharded with ``fully_shard``
+  over the data-parallel mesh, then the root.
+
+Per step, call ``balancer.plan_step(batch.seq_lens)`` before the forward (the trainer does; the
+plan is also what gets logged). The data-parallel gradient reduction must cover the balance
+group: a balanced rank computes gradients from other ranks' tokens, so only the *sum over the
+balance group* equals the unbalanced gradient. ``parallelize`` checks this (every rank of the
+balancer's group must be in the FSDP mesh).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from knapformer.distributed.balancer import Balancer, BalancerError
+from knapformer.distributed.groups import global_ranks
+from knapformer.models.mmdit import (
+    AttnMeta,
+    DispatchedTokens,
+    MMDiT,
+    TokenState,
+    VarlenAttention,
+    device_varlen_attention,
+)
+
+__all__ = ["BalancedAttention", "BalancedDispatcher", "ParallelizeError", "parallelize"]
+
+# torch >= 2.13 renames all_gather_into_tensor (and warns on the old name).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class ParallelizeError(ValueError):
+    """The model, mesh and balancer cannot be combined as asked."""
+
+
+class BalancedAttention(nn.Module):
+    """``pre_attn`` (Ulysses all-to-all) -> varlen attention on whole sequences -> ``post_attn``."""
+
+    def __init__(self, balancer: Balancer):
+        super().__init__()
+        self.__dict__["balancer"] = balancer  # not a submodule: no parameters, no state_dict
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta | None = None
+    ) -> torch.Tensor:
+        return self.balancer.attention(q, k, v, attn_fn=device_varlen_attention)
+
+
+class BalancedDispatcher(nn.Module):
+    """Route tokens + per-token features in, deliver per-sequence conditioning, route back."""
+
+    def __init__(self, balancer: Balancer):
+        super().__init__()
+        self.__dict__["balancer"] = balancer
+        self._cache: tuple[Any, torch.device, torch.Tensor, torch.Tensor] | None = None
+
+    def _indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of the gathered conditioning for this rank's sequences, and each token's row."""
+        bal = self.balancer
+        t = bal.tables
+        if self._cache is not None and self._cache[0] is t and self._cache[1] == device:
+            return self._cache[2], self._cache[3]
+        plan = bal.plan
+        assert plan is not None and t is not None
+        counts = np.bincount(bal.step_src_rank, minlength=bal.world_size)
+        first = np.cumsum(counts) - counts
+        per_rank = int(counts.max()) if counts.size else 0  # rows per rank in the gather
+        ids = np.asarray(t.seq_ids, dtype=np.int64)
+        src = bal.step_src_rank[ids]  # (plan covers only this replica)
+        rows = src * per_rank + (ids - first[src])
+        tok = np.searchsorted(ids, np.asarray(t.token_seq_ids, dtype=np.int64))
+        rows_t = torch.from_numpy(rows.astype(np.int64)).to(device)
+        tok_t = torch.from_numpy(tok.astype(np.int64)).to(device)
+        self._cache = (t, device, rows_t, tok_t)
+        return rows_t, tok_t
+
+    def _gather_cond(self, cond: torch.Tensor) -> torch.Tensor:
+        bal = self.balancer
+        plan = bal.plan
+        assert plan is not None
+        counts = np.bincount(bal.step_src_rank, minlength=bal.world_size)
+        width = int(counts.max()) + 1 if counts.size else 1
+        n, c = cond.shape
+        # Row 0 is a header (this rank's sequence count), so a mismatch is the same error on
+        # every rank instead of a hang.
+        buf = cond.new_zeros(width, c)
+        buf[0, 0] = float(n)
+        if n <= width - 1:
+            buf[1 : n + 1] = cond.detach()
+        out = cond.new_empty(bal.world_size * width, c)
+        _all_gather_single(out, buf, group=bal.group)
+        got = out.view(bal.world_size, width, c)[:, 0, 0].round().to(torch.int64).cpu().numpy()
+        bad = [r for r in range(bal.world_size) if got[r] != counts[r]]
+        if bad:
+            parts = ", ".join(f"rank {r}: {got[r]} sequences, plan has {counts[r]}" for r in bad)
+            raise BalancerError(
+                f"conditioning does not match the plan ({parts}); call "
+                "balancer.plan_step(batch.seq_lens) with this batch before the forward"
+            )
+        return out.view(bal.world_size, width, c)[:, 1:].reshape(-1, c)  # drop the headers
+
+    def dispatch(self, s: TokenState) -> DispatchedTokens:
+        bal = self.balancer
+        if bal.tables is None:
+            raise BalancerError(
+                "the balanced model ran before balancer.plan_step(batch.seq_lens) for this batch"
+            )
+        if s.cond.requires_grad:
+            raise BalancerError(
+                "per-sequence conditioning is delivered as data (no gradient through the "
+                "gather); detach it or compute trainable conditioning inside the model"
+            )
+        h, positions, kind = bal.route(s.h, s.positions, s.kind)
+        rows, tok = self._indices(h.device)
+        cond = self._gather_cond(s.cond).index_select(0, rows)
+        return DispatchedTokens(h, positions, kind, tok, cond, None)
+
+    def combine(self, out: torch.Tensor) -> torch.Tensor:
+        return self.balancer.reverse_route(out)
+
+
+def _mesh_ranks(mesh: Any) -> set[int]:
+    return {int(r) for r in mesh.mesh.flatten().tolist()}
+
+
+def parallelize(
+    model: MMDiT,
+    mesh: Any = None,
+    balancer: Balancer | None = None,
+    *,
+    fsdp: bool = True,
+    activation_checkpointing: bool = False,
+    reshard_after_forward: bool = True,
+    mp_policy: Any = None,
+) -> MMDiT:
+    """Balance (if ``balancer``), checkpoint activations and shard ``model`` in place.
+
+    Args:
+        model: a plain :class:`MMDiT` (not yet sharded).
+        mesh: the data-parallel DeviceMesh for FSDP2 (1-D: FSDP; 2-D ``(replicate, shard)``:
+            HSDP). Default: a 1-D mesh over the WORLD.
+        balancer: a :class:`Balancer` (built over a process group, a 1-D mesh or ``(mesh,
+            dim)``); its ``num_heads`` must be the model's.
+        fsdp: apply ``fully_shard`` (the gradient reduction over ``mesh``).
+        activation_checkpointing: recompute each block in backward (the balanced all-to-alls
+            inside a block are recomputed too, in the same order on every rank).
+    """
+    if not isinstance(model, MMDiT):
+        raise ParallelizeError(f"parallelize expects an MMDiT, got {type(model).__name__}")
+    if balancer is not None:
+        if not isinstance(balancer, Balancer):
+            raise ParallelizeError(f"balancer must be a Balancer, got {type(balancer).__name__}")
+        if balancer.num_heads != model.cfg.num_heads:
+            raise ParallelizeError(
+                f"the balancer was built for num_heads={balancer.num_heads}, the model has "
+                f"{model.cfg.num_heads} (bag sizes must divide the model's head count)"
+            )
+    if (fsdp or balancer is not None) and not dist.is_initialized():
+        raise ParallelizeError("torch.distributed is not initialised")
+    if fsdp and mesh is None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        device_type = "cuda" if next(model.parameters()).is_cuda else "cpu"
+        mesh = init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    if fsdp and balancer is not None:
+        group_ranks = set(
+            global_ranks(balancer.group, tuple(range(dist.get_world_size(balancer.group))))
+        )
+        missing = sorted(group_ranks - _mesh_ranks(mesh))
+        if missing:
+            raise ParallelizeError(
+                f"the FSDP mesh does not cover the balance group (ranks {missing} are missing): "
+                "balanced gradients are only correct once summed over the whole balance group"
+            )
+
+    if balancer is not None:
+        for module in model.modules():
+            for name, child in list(module.named_children()):
+                if isinstance(child, VarlenAttention):
+                    setattr(module, name, BalancedAttention(balancer))
+        model.dispatcher = BalancedDispatcher(balancer)
+
+    if activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+
+        for blocks in (model.double_blocks, model.single_blocks):
+            for i, block in enumerate(blocks):
+                blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        kw: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+        if mp_policy is not None:
+            kw["mp_policy"] = mp_policy
+        for blocks in (model.double_blocks, model.single_blocks):
+            for block in blocks:
+                fully_shard(block, **kw)
+        fully_shard(model, **kw)
+    return model

@@ -1,0 +1,76 @@
+"""Checkpoints with ``torch.distributed.checkpoint`` (DCP): model, optimiser, trainer state.
+
+Layout: ``DIR/step_00000012/`` holds the DCP shards of the (FSDP2-sharded) model and optimiser
+plus ``trainer.json`` (step, balancer state, data position, config), and ``DIR/latest`` names
+the newest complete step directory. ``latest`` is replaced atomically only after every rank has
+finished writing, so a crash mid-save leaves the previous checkpoint in charge.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from knapformer.fileio import atomic_open
+
+__all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+
+
+class CheckpointError(ValueError):
+    """No usable checkpoint where one was asked for."""
+
+
+def _step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def save_checkpoint(
+    root: str | Path, step: int, model: nn.Module, optim: Any, extra: dict[str, Any]
+) -> Path:
+    """Collective: every rank writes its shards; rank 0 writes the trainer state and ``latest``."""
+    root = Path(root)
+    path = _step_dir(root, step)
+    if dist.get_rank() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    msd, osd = get_state_dict(model, optim)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        with atomic_open(path / "trainer.json", "w") as f:
+            json.dump({"step": step, **extra}, f, indent=2, sort_keys=True)
+        with atomic_open(root / "latest", "w") as f:
+            f.write(path.name + "\n")
+    dist.barrier()
+    return path
+
+
+def latest_checkpoint(root: str | Path) -> Path:
+    root = Path(root)
+    marker = root / "latest"
+    if not marker.exists():
+        raise CheckpointError(f"--resume: no checkpoint in {str(root)!r} (no 'latest' file)")
+    path = root / marker.read_text().strip()
+    if not (path / "trainer.json").exists():
+        raise CheckpointError(f"--resume: checkpoint {str(path)!r} is incomplete")
+    return path
+
+
+def load_checkpoint(root: str | Path, model: nn.Module, optim: Any) -> dict[str, Any]:
+    """Collective: restore model and optimiser in place; returns the trainer state."""
+    path = latest_checkpoint(root)
+    try:
+        extra = json.loads((path / "trainer.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"--resume: cannot read {path / 'trainer.json'}: {exc}") from None
+    msd, osd = get_state_dict(model, optim)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return extra

@@ -1,0 +1,257 @@
+"""Typed trainer configuration: TOML files in the repo plus command-line overrides.
+
+Pure: a dict (from TOML) in, frozen dataclasses out, every unknown key or wrong type rejected with
+one line naming it (``config key 'train.lr': expected a number, got 'fast'``). Overrides use
+dotted keys with TOML values (``--set train.lr=3e-4``); the trainer's named flags (``--steps``,
+``--balancer``, ...) are sugar for the same overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from knapformer.models.mmdit import MMDiTConfig, MMDiTInputError, mmdit_config
+from knapformer.planning.layout import BagLayout, LayoutError
+from knapformer.sim.datacodes import DataCodeError, parse_data_codes
+
+__all__ = [
+    "BalanceConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "LogConfig",
+    "TrainConfig",
+    "TrainLoopConfig",
+    "apply_overrides",
+    "check_world",
+    "load_config",
+    "parse_override",
+]
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used, naming the key."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    codes: str = "g1b3i128f1s0,g1b1i128f68s1"
+    text_tokens_max: int = 32
+    patch_px: int = 16
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TrainLoopConfig:
+    steps: int = 20
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+    dtype: str = "float32"
+    activation_checkpointing: bool = False
+    threads: int = 1
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class BalanceConfig:
+    balancer: str = "auto"  # none | auto | a bag spec such as g1n2+g2n1
+    cost: str = "flops"  # flops | calibrate | path to a cost profile JSON
+    gamma: float = 1.0
+    solver: str = "ours"
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    path: str = ""
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str = ""
+    every: int = 0
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "cpu"})
+    data: DataConfig = DataConfig()
+    train: TrainLoopConfig = TrainLoopConfig()
+    balance: BalanceConfig = BalanceConfig()
+    log: LogConfig = LogConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+    def model_config(self) -> MMDiTConfig:
+        m = dict(self.model)
+        preset = m.pop("preset", "cpu")
+        try:
+            return mmdit_config(preset, **m)
+        except (MMDiTInputError, TypeError) as exc:
+            raise ConfigError(f"config section 'model': {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {
+    "data": DataConfig,
+    "train": TrainLoopConfig,
+    "balance": BalanceConfig,
+    "log": LogConfig,
+    "checkpoint": CheckpointConfig,
+}
+
+
+def _type_name(tp: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}.get(
+        tp, str(tp)
+    )
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    if isinstance(tp, str):  # postponed annotations
+        tp = {"int": int, "float": float, "str": str, "bool": bool}[tp]
+    ok = (
+        (tp is bool and isinstance(value, bool))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (tp is str and isinstance(value, str))
+    )
+    if not ok:
+        raise ConfigError(f"config key {key!r}: expected {_type_name(tp)}, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def _section(name: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config section {name!r} must be a table, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key '{name}.{unknown[0]}' "
+            f"(known in [{name}]: {', '.join(sorted(known))})"
+        )
+    return cls(**{k: _coerce(f"{name}.{k}", v, hints[k]) for k, v in raw.items()})
+
+
+def _validate(cfg: TrainConfig) -> None:
+    t, b, c, d = cfg.train, cfg.balance, cfg.checkpoint, cfg.data
+    if t.steps < 1:
+        raise ConfigError(f"config key 'train.steps': must be >= 1, got {t.steps}")
+    if t.lr <= 0 or t.weight_decay < 0:
+        raise ConfigError("config keys 'train.lr' must be > 0 and 'train.weight_decay' >= 0")
+    if t.dtype not in ("float32", "float64", "bfloat16"):
+        raise ConfigError(
+            f"config key 'train.dtype': expected float32, float64 or bfloat16, got {t.dtype!r}"
+        )
+    if t.threads < 1 or t.timeout_s <= 0:
+        raise ConfigError("config keys 'train.threads' must be >= 1 and 'train.timeout_s' > 0")
+    if c.every < 0:
+        raise ConfigError(f"config key 'checkpoint.every': must be >= 0, got {c.every}")
+    if (c.every or c.resume) and not c.dir:
+        raise ConfigError("checkpointing or --resume needs checkpoint.dir (--checkpoint-dir)")
+    if b.gamma < 0:
+        raise ConfigError(f"config key 'balance.gamma': must be >= 0, got {b.gamma}")
+    if d.text_tokens_max < 0 or d.patch_px < 1:
+        raise ConfigError("config keys 'data.text_tokens_max' >= 0 and 'data.patch_px' >= 1")
+    try:
+        parse_data_codes(d.codes)
+    except DataCodeError as exc:
+        raise ConfigError(f"config key 'data.codes': {exc}") from None
+    cfg.model_config()
+
+
+def build_config(raw: dict[str, Any]) -> TrainConfig:
+    """Typed, validated config from a (TOML-shaped) dict."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config must be a table of sections")
+    unknown = sorted(set(raw) - {"model", *_SECTIONS})
+    if unknown:
+        raise ConfigError(
+            f"unknown config section {unknown[0]!r} (known: model, {', '.join(_SECTIONS)})"
+        )
+    model = raw.get("model", {"preset": "cpu"})
+    if not isinstance(model, dict):
+        raise ConfigError(f"config section 'model' must be a table, got {model!r}")
+    kwargs: dict[str, Any] = {"model": dict(model)}
+    for name, cls in _SECTIONS.items():
+        kwargs[name] = _section(name, cls, raw.get(name, {}))
+    cfg = TrainConfig(**kwargs)
+    _validate(cfg)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``section.key=value`` with a TOML value (bare words are strings)."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or "." not in key or not all(key.split(".")):
+        raise ConfigError(f"bad override {text!r}: expected section.key=value")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return key, parsed
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``raw`` with dotted-key overrides set (creates missing sections)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        if not name or "." in name:
+            raise ConfigError(f"bad override key {key!r}: expected section.key")
+        sec = out.setdefault(section, {})
+        if not isinstance(sec, dict):
+            raise ConfigError(f"config section {section!r} must be a table")
+        sec[name] = value
+    return out
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a TOML config (or start from defaults), apply overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(p)!r} does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {str(p)!r} is not readable: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    return build_config(apply_overrides(raw, overrides or {}))
+
+
+def check_world(cfg: TrainConfig, world_size: int) -> None:
+    """Errors that need the world size: the data mixture and a fixed bag spec must fit it."""
+    if world_size < 1:
+        raise ConfigError(f"world size must be >= 1, got {world_size}")
+    try:
+        parse_data_codes(cfg.data.codes).rank_codes(world_size)
+    except DataCodeError as exc:
+        raise ConfigError(f"data.codes does not fit {world_size} ranks: {exc}") from None
+    spec = cfg.balance.balancer.strip()
+    if spec.lower() in ("none", "auto"):
+        return
+    try:
+        BagLayout.parse(spec, world_size, cfg.model_config().num_heads)
+    except LayoutError as exc:
+        raise ConfigError(
+            f"balance.balancer {spec!r} does not fit {world_size} ranks: {exc}"
+        ) from None

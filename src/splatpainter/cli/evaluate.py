@@ -1,0 +1,152 @@
+"""`splatpainter evaluate [--suite procedural] [--seeds A-B] [--methods ...] [--json] [--out DIR]`.
+
+Scores the editing methods against 3D ground truth at held-out views (see
+`splatpainter.eval.suite` for the metrics and the JSON schema), prints a table (or the JSON
+report), and writes a grid PNG per edit kind plus report.json into --out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from splatpainter.cli.app import app
+from splatpainter.cli.info import user_errors
+
+UNTRAINED_WARNING = (
+    "warning: the editor model has untrained, deterministically seeded weights; its rows are "
+    "not a meaningful measure of the method (pass --weights with trained weights)"
+)
+
+
+def _parse_range(text: str, what: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        a, b = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise ValueError(f"--{what}: expected MIN-MAX (e.g. 5000-8000), got {text!r}") from None
+    return a, b
+
+
+def _progress_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@app.command()
+def evaluate(
+    suite: str = typer.Option("procedural", help="evaluation suite (procedural)"),
+    seeds: str = typer.Option("0-7", help="evaluation seeds: A-B, A or a comma list (< 100000)"),
+    methods: str = typer.Option(
+        "model,backproject,optimize", help="comma list of model, backproject, optimize"
+    ),
+    kinds: str = typer.Option(
+        "paint,recolor,global,relight,detail", help="comma list of edit kinds"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
+    out: Path = typer.Option(Path("out/evaluate"), help="folder for grid PNGs and report.json"),
+    weights: Path | None = typer.Option(
+        None, help="editor weights for method model (default: the shipped ones)"
+    ),
+    hint: str = typer.Option("kind", help="model edit-kind hint: kind (the true one) or auto"),
+    gaussians: str = typer.Option("5000-8000", help="asset size range MIN-MAX"),
+    view_size: int = typer.Option(128, help="edit and held-out view size (pixels)"),
+    heldout: int = typer.Option(8, help="held-out views per scene"),
+    optimize_steps: int = typer.Option(500, help="Adam steps of the optimize baseline"),
+    forgetting: bool = typer.Option(
+        True, "--forgetting/--no-forgetting", help="also measure forgetting over 5-edit sequences"
+    ),
+    grid_rows: int = typer.Option(3, help="seeds shown in each grid PNG"),
+) -> None:
+    """Score editing methods on held-out views against 3D ground truth, per edit kind."""
+    with user_errors():
+        from splatpainter.eval.suite import (
+            HINT_MODES,
+            METHODS,
+            EvalConfig,
+            EvalError,
+            parse_names,
+            parse_seeds,
+        )
+        from splatpainter.train.data import KINDS
+
+        if hint not in HINT_MODES:
+            raise EvalError(f"--hint must be one of {', '.join(HINT_MODES)}, got {hint!r}")
+        lo, hi = _parse_range(gaussians, "gaussians")
+        config = EvalConfig(
+            seeds=parse_seeds(seeds),
+            methods=parse_names(methods, METHODS, "methods"),
+            kinds=parse_names(kinds, KINDS, "kinds"),
+            suite=suite,
+            min_gaussians=lo,
+            max_gaussians=hi,
+            view_size=view_size,
+            num_heldout=heldout,
+            optimize_steps=optimize_steps,
+            hint=hint,
+            forgetting=forgetting,
+            grid_rows=grid_rows,
+        ).validate()
+        if weights is not None and "model" not in config.methods:
+            raise EvalError("--weights only applies when --methods includes model")
+
+        model, label = None, None
+        if "model" in config.methods:
+            from splatpainter.eval.suite import load_model
+
+            model, label = load_model(weights)
+            if not model.trained:
+                typer.echo(UNTRAINED_WARNING, err=True)
+        result = run_with_progress(config, model, label)
+        from splatpainter.eval.suite import write_outputs
+
+        write_outputs(result, out)
+
+    if as_json:
+        typer.echo(json.dumps(result.report, indent=2))
+        return
+    from rich.console import Console
+
+    from splatpainter.eval.table import report_tables
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=130)
+    for table in report_tables(result.report):
+        console.print(table)
+    for kind, path in result.report["grids"].items():
+        console.print(f"grid {kind}: {path}")
+    console.print(f"report: {out / 'report.json'}")
+
+
+def run_with_progress(config, model=None, weights_label: str | None = None):
+    """`run_suite` with a rich progress bar on stderr."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from splatpainter.eval.suite import run_suite
+
+    with Progress(
+        TextColumn("{task.description:<24}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=_progress_console(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("evaluate", total=config.num_units())
+
+        def step(desc: str, done: int) -> None:
+            bar.update(task, description=desc, advance=done)
+
+        return run_suite(config, model, step, weights_label)

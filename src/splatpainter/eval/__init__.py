@@ -1,0 +1,55 @@
+"""The evaluation suite behind `splatpainter evaluate`: metrics, the procedural suite, grids."""
+
+from splatpainter.eval.grid import GridRow, compose_grid, write_grid
+from splatpainter.eval.metrics import (
+    MaskedMean,
+    SquaredError,
+    changed_mask,
+    color_error,
+    object_mask,
+    psnr,
+    psnr_from_mse,
+    ssim_map,
+)
+from splatpainter.eval.suite import (
+    EVAL_SEED_LIMIT,
+    METHODS,
+    REFERENCE,
+    SCHEMA,
+    SUITES,
+    EvalConfig,
+    EvalError,
+    EvalResult,
+    load_model,
+    parse_names,
+    parse_seeds,
+    run_suite,
+    write_outputs,
+)
+
+__all__ = [
+    "EVAL_SEED_LIMIT",
+    "METHODS",
+    "REFERENCE",
+    "SCHEMA",
+    "SUITES",
+    "EvalConfig",
+    "EvalError",
+    "EvalResult",
+    "GridRow",
+    "MaskedMean",
+    "SquaredError",
+    "changed_mask",
+    "color_error",
+    "compose_grid",
+    "load_model",
+    "object_mask",
+    "parse_names",
+    "parse_seeds",
+    "psnr",
+    "psnr_from_mse",
+    "run_suite",
+    "ssim_map",
+    "write_grid",
+    "write_outputs",
+]

@@ -1,0 +1,144 @@
+"""Closed-form edit hypotheses fitted to what the edit views show, offered to Stage II.
+
+The edit views constrain only the Gaussians they see; a recolour or a relight must also reach the
+ones they do not.  For each edit we fit, on the seen Gaussians (weighted by their in-mask
+compositing weight), two small models of *what the edit does to a colour*:
+
+- an affine colour map  c -> A [c; 1]  (ridge-regularised toward the identity): recolours;
+- a Lambertian shading  c -> c (a + d max(0, n.l))  over the Gaussians' normals: relights;
+
+and evaluate them on every Gaussian.  Together with the back-projected residual (what the views
+say about the seen Gaussians themselves) these are the candidate deltas between which Stage II's
+learned per-Gaussian weights choose.  The fit quality and a colour-bin statistic ("what share of
+the seen Gaussians of this colour did the edit change") are features for that choice.
+
+Everything here is plain, differentiable-free tensor maths on [N, ...] inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NUM_HYPOTHESES = 3  # back-projected residual, affine recolour, relight
+EDIT_STATS_DIM = 6
+BIN_STATS_DIM = 2
+COLOR_BINS = 6
+
+
+def estimate_normals(
+    quats: torch.Tensor,
+    log_scales: torch.Tensor,
+    means: torch.Tensor,
+    view_weights: torch.Tensor | None = None,
+    view_centers: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Unit normals [N, 3]: each Gaussian's shortest axis, oriented toward the views that see it
+    (weights [V, N], camera centres [V, 3]), or away from the asset centre when none does."""
+    from splatpainter.assets.gaussians import quat_to_rotmat
+
+    rot = quat_to_rotmat(torch.nn.functional.normalize(quats, dim=-1))
+    axis = log_scales.argmin(-1)
+    n = torch.gather(rot, 2, axis[:, None, None].expand(-1, 3, 1))[..., 0]
+    vote = torch.zeros_like(n[:, 0])
+    if view_weights is not None and view_centers is not None and view_weights.numel():
+        to_cam = view_centers[:, None, :].to(means) - means[None]  # [V, N, 3]
+        facing = torch.sign((to_cam * n[None]).sum(-1))
+        vote = (facing * view_weights.to(means)).sum(0)
+    outward = torch.sign(((means - means.mean(0)) * n).sum(-1))
+    sign = torch.where(vote != 0, torch.sign(vote), outward)
+    sign = torch.where(sign == 0, torch.ones_like(sign), sign)
+    return n * sign[:, None]
+
+
+def _ridge(x: torch.Tensor, t: torch.Tensor, w: torch.Tensor, prior: torch.Tensor, lam: float):
+    """argmin_B sum_i w_i |x_i B - t_i|^2 + lam' |B - prior|^2 (lam' = lam * sum w + 1e-6)."""
+    xw = x * w[:, None]
+    reg = lam * float(w.sum()) + 1e-6
+    eye = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
+    return torch.linalg.solve(xw.T @ x + reg * eye, xw.T @ t + reg * prior)
+
+
+def fit_affine(colors: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, lam: float = 1e-2):
+    """Affine colour map [4, 3] (rows: R, G, B, bias) with targets ~ [c, 1] @ map."""
+    x = torch.cat([colors, torch.ones_like(colors[:, :1])], -1)
+    prior = torch.cat([torch.eye(3, dtype=colors.dtype), torch.zeros(1, 3, dtype=colors.dtype)])
+    return _ridge(x, targets, w, prior.to(colors.device), lam)
+
+
+def fit_shading(
+    colors: torch.Tensor, targets: torch.Tensor, normals: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ambient, diffuse, light dir) of targets ~ colors * (a + d max(0, n.l)).
+
+    Per-Gaussian brightness ratio r = <t, c> / <c, c>; first a linear fit r ~ a0 + b.n gives the
+    light direction l = b / |b|, then a, d by least squares on the hinge max(0, n.l).
+    """
+    cc = (colors * colors).sum(-1)
+    ok = cc > 1e-3
+    r = torch.where(ok, (targets * colors).sum(-1) / cc.clamp_min(1e-3), torch.ones_like(cc))
+    wr = w * cc * ok.to(w.dtype)
+    x = torch.cat([torch.ones_like(r[:, None]), normals], -1)
+    prior = torch.tensor([[1.0], [0.0], [0.0], [0.0]], dtype=r.dtype, device=r.device)
+    b = _ridge(x, r[:, None], wr, prior, 1e-3)[1:, 0]
+    light = b / b.norm().clamp_min(1e-8)
+    hinge = (normals @ light).clamp_min(0)
+    x2 = torch.stack([torch.ones_like(hinge), hinge], -1)
+    prior2 = torch.tensor([[1.0], [0.0]], dtype=r.dtype, device=r.device)
+    ad = _ridge(x2, r[:, None], wr, prior2, 1e-3)[:, 0]
+    return ad[0], ad[1], light
+
+
+def color_bin_stats(
+    colors: torch.Tensor, seen_weight: torch.Tensor, changed_weight: torch.Tensor
+) -> torch.Tensor:
+    """Per Gaussian [N, 2]: the changed share of the seen weight in its colour bin, and
+    log(1 + seen weight of the bin): "were the seen Gaussians that look like me edited?"."""
+    b = COLOR_BINS
+    q = (colors.clamp(0, 1) * (b - 1e-4)).floor().long()
+    idx = (q[:, 0] * b + q[:, 1]) * b + q[:, 2]
+    seen = colors.new_zeros(b**3).index_add_(0, idx, seen_weight)
+    changed = colors.new_zeros(b**3).index_add_(0, idx, changed_weight)
+    share = changed / seen.clamp_min(1e-6)
+    share = torch.where(seen > 0, share, torch.full_like(share, -1.0))  # -1: colour never seen
+    return torch.stack([share[idx], torch.log1p(seen[idx])], -1)
+
+
+def edit_hypotheses(
+    colors: torch.Tensor,
+    residual: torch.Tensor,
+    abs_residual: torch.Tensor,
+    in_mask_weight: torch.Tensor,
+    support: torch.Tensor,
+    weight: torch.Tensor,
+    normals: torch.Tensor,
+    change_tau: float = 0.05,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Candidate colour deltas [N, NUM_HYPOTHESES, 3], edit statistics [EDIT_STATS_DIM] and
+    colour-bin statistics [N, BIN_STATS_DIM] for one edit (all zeros-safe when nothing is seen)."""
+    w = in_mask_weight * support
+    targets = colors + residual
+    aff = fit_affine(colors, targets, w)
+    cand_aff = torch.cat([colors, torch.ones_like(colors[:, :1])], -1) @ aff - colors
+    a, d, light = fit_shading(colors, targets, normals, w)
+    shade = a + d * (normals @ light).clamp_min(0)
+    cand_shade = colors * shade[:, None] - colors
+    cand = torch.stack([residual, cand_aff.clamp(-1, 1), cand_shade.clamp(-1, 1)], 1)
+    wsum = w.sum().clamp_min(1e-6)
+
+    def rmse(c: torch.Tensor) -> torch.Tensor:
+        return (((c - residual) ** 2).sum(-1) * w).sum().div(wsum).sqrt()
+
+    changed_w = in_mask_weight * (abs_residual / change_tau).clamp(0, 1)
+    seen_w = weight
+    stats = torch.stack(
+        [
+            changed_w.sum() / seen_w.sum().clamp_min(1e-6),  # share of the view that changed
+            rmse(cand_aff),
+            rmse(cand_shade),
+            (abs_residual * w).sum() / wsum,
+            torch.log1p(w.sum()),
+            d,
+        ]
+    )
+    bins = color_bin_stats(colors, seen_w, changed_w)
+    return cand, stats, bins

@@ -1,0 +1,223 @@
+"""Typed training configs, read from TOML files kept in the repository (configs/splatpainter/).
+
+A config file has four tables, each mapping onto a dataclass; a key that the dataclass does not
+have, or a value of the wrong type, is a `ConfigError` naming it:
+
+    [model.stage1]  / [model.stage2]   EditorConfig (architecture)
+    [data]                             DataConfig (which sequences, how many, cache)
+    [optim]                            OptimConfig (AdamW, schedule, clipping, steps)
+    [loss]                             LossConfig (weights of the loss terms)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from splatpainter.model.editor import EditorConfig
+from splatpainter.model.stage1 import Stage1Config
+from splatpainter.model.stage2 import Stage2Config
+from splatpainter.train.data import SequenceSpec
+
+# Seeds below this are reserved for evaluation: training never draws them.
+EVAL_SEED_LIMIT = 100_000
+
+
+class ConfigError(ValueError):
+    """A training config that cannot be used; the message names the key."""
+
+
+@dataclass
+class DataConfig:
+    num_sequences: int = 1200  # distinct training sequences (cached on disk)
+    first_seed: int = EVAL_SEED_LIMIT  # training seeds are first_seed .. first_seed + n - 1
+    min_gaussians: int = 3000
+    max_gaussians: int = 8000
+    min_edits: int = 1
+    max_edits: int = 3
+    kinds: tuple[str, ...] = ("paint", "recolor", "global", "relight", "detail")
+    max_views: int = 3
+    view_size: int = 128
+    num_heldout: int = 4
+    fuzzy_prob: float = 0.5
+    overlap_prob: float = 0.3
+    auto_hint_prob: float = 0.5  # share of edits trained with the "auto" hint
+    loss_views: int = 2  # held-out views rendered for the loss per edit (plus one edit view)
+    loss_view_size: int = 64
+    cache_dir: str = ".cache/splatpainter-train"
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.first_seed < EVAL_SEED_LIMIT:
+            raise ConfigError(
+                f"data.first_seed must be >= {EVAL_SEED_LIMIT} (lower seeds are evaluation "
+                f"seeds), got {self.first_seed}"
+            )
+        if self.num_sequences < 1:
+            raise ConfigError("data.num_sequences must be >= 1")
+        if not 0 <= self.loss_views <= self.num_heldout:
+            raise ConfigError("data.loss_views must be in [0, data.num_heldout]")
+        self.sequence_spec()  # validates kinds and sizes
+
+    def sequence_spec(self) -> SequenceSpec:
+        try:
+            return SequenceSpec(
+                min_gaussians=self.min_gaussians,
+                max_gaussians=self.max_gaussians,
+                min_edits=self.min_edits,
+                max_edits=self.max_edits,
+                kinds=tuple(self.kinds),
+                max_views=self.max_views,
+                view_size=self.view_size,
+                num_heldout=self.num_heldout,
+                fuzzy_prob=self.fuzzy_prob,
+                overlap_prob=self.overlap_prob,
+            )
+        except ValueError as e:
+            raise ConfigError(f"data: {e}") from None
+
+
+@dataclass
+class OptimConfig:
+    steps: int = 3000
+    lr: float = 1e-3
+    stage1_lr_scale: float = 0.3
+    weight_decay: float = 0.01
+    warmup_steps: int = 100
+    final_lr_fraction: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 100
+    log_every: int = 1
+    threads: int = 0  # torch threads (0: leave torch's default)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.lr <= 0 or self.grad_clip <= 0:
+            raise ConfigError("optim.steps, optim.lr and optim.grad_clip must be positive")
+        if self.checkpoint_every < 1 or self.log_every < 1:
+            raise ConfigError("optim.checkpoint_every and optim.log_every must be >= 1")
+
+
+@dataclass
+class LossConfig:
+    # "log": each term is log(mse + eps), i.e. the terms are PSNRs (what evaluation measures):
+    # a small error on the unchanged Gaussians still has a strong gradient, so preservation is
+    # pushed toward exact.  "mse": plain weighted mean squared errors.
+    form: str = "log"
+    eps: float = 1e-4  # 40 dB: no reward for pushing a term further (else "do nothing" wins)
+    gauss_changed: float = 1.0  # per-Gaussian colour error, Gaussians the edit changed
+    gauss_unchanged: float = 1.0  # ... and those it did not (preservation)
+    render_changed: float = 0.5  # rendered error on the changed pixels (edit + held-out views)
+    render_unchanged: float = 0.5  # ... and on the unchanged pixels
+
+    def __post_init__(self) -> None:
+        if self.form not in ("log", "mse"):
+            raise ConfigError(f"loss.form must be 'log' or 'mse', got {self.form!r}")
+        if not self.eps > 0:
+            raise ConfigError("loss.eps must be positive")
+
+
+@dataclass
+class TrainConfig:
+    model: EditorConfig = field(default_factory=EditorConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------------ parsing
+def _check_type(name: str, value: Any, hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a list, got {type(value).__name__}")
+        inner = typing.get_args(hint)[0]
+        return tuple(_check_type(f"{name}[{i}]", v, inner) for i, v in enumerate(value))
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            if arg is type(None) and value is None:
+                return None
+            try:
+                return _check_type(name, value, arg)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{name} has the wrong type ({type(value).__name__})")
+    if isinstance(hint, type):
+        if hint is int and isinstance(value, bool):
+            raise ConfigError(f"{name} must be int, got bool")
+        if not isinstance(value, hint):
+            raise ConfigError(f"{name} must be {hint.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _build(cls: type, table: Any, name: str) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}] must be a table, got {type(table).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"[{name}] has unknown key(s) {unknown}; known: {sorted(known)}")
+    kwargs = {k: _check_type(f"{name}.{k}", v, hints[k]) for k, v in table.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"[{name}]: {e}") from None
+
+
+def config_from_dict(d: dict[str, Any]) -> TrainConfig:
+    unknown = sorted(set(d) - {"model", "data", "optim", "loss"})
+    if unknown:
+        raise ConfigError(f"unknown table(s) {unknown}; use model, data, optim, loss")
+    model = d.get("model", {})
+    if not isinstance(model, dict):
+        raise ConfigError("[model] must be a table")
+    bad = sorted(set(model) - {"stage1", "stage2"})
+    if bad:
+        raise ConfigError(f"[model] has unknown key(s) {bad}; use stage1, stage2")
+    s1 = _build(Stage1Config, model.get("stage1", {}), "model.stage1")
+    s2 = _build(Stage2Config, model.get("stage2", {}), "model.stage2")
+    try:
+        editor = EditorConfig(stage1=s1, stage2=s2)
+    except ValueError as e:
+        raise ConfigError(f"[model]: {e}") from None
+    return TrainConfig(
+        model=editor,
+        data=_build(DataConfig, d.get("data", {}), "data"),
+        optim=_build(OptimConfig, d.get("optim", {}), "optim"),
+        loss=_build(LossConfig, d.get("loss", {}), "loss"),
+    )
+
+
+def load_config(path: str | os.PathLike[str]) -> TrainConfig:
+    """Read a TOML training config; every problem is a ConfigError naming the file and key."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such config file")
+    if p.stat().st_size > 1 << 20:
+        raise ConfigError(f"{p}: config file is larger than 1 MiB")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: not valid TOML ({e})") from None
+    try:
+        return config_from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None

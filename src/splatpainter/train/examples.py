@@ -1,0 +1,179 @@
+"""Training examples: an edit sequence plus everything about it that does not depend on weights.
+
+Rendering is the expensive part of a training step, and most of it does not depend on the model:
+the Stage I preprocessing renders of the source asset, the per-Gaussian edit signals and view
+tokens (computed against the ground truth before each edit: teacher forcing), and the ground-truth
+renders at the loss views.  `build_example` computes them once per sequence; `ensure_cache` builds
+a cache of them on disk in spawned worker processes (OpenMP is not fork-safe after a numba
+render), one atomically written file per seed, so an interrupted build resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from splatpainter.assets.gaussians import GaussianAsset
+from splatpainter.camera import Camera
+from splatpainter.model.stage1 import PreprocessViews, Stage1Config, render_preprocess_views
+from splatpainter.model.stage2 import EditSample, GaussianSignals
+from splatpainter.train.data import (
+    HINT_OF_KIND,
+    SequenceSpec,
+    make_sequence,
+    with_base_colors,
+)
+
+EXAMPLE_VERSION = 1
+
+
+def _render_rgb(asset: GaussianAsset, cams: list[Camera]) -> torch.Tensor:
+    from splatpainter.render import render
+
+    with torch.no_grad():
+        return torch.stack([render(asset, c).rgb for c in cams])
+
+
+def build_example(
+    seed: int, spec: SequenceSpec, stage1: Stage1Config, loss_view_size: int
+) -> dict[str, Any]:
+    """Everything a training step needs for one sequence, as plain tensors and dicts."""
+    from splatpainter.edit.methods import build_edit_sample
+    from splatpainter.model.stage1 import Stage1Latent, voxelize
+
+    seq = make_sequence(seed, spec)
+    pre = render_preprocess_views(seq.source, stage1)
+    # Signals and view tokens depend on the voxel frame only through the Plücker normalisation.
+    vox = voxelize(seq.source.means, stage1.grid_size)
+    frame = Stage1Latent(vox, torch.zeros(0), torch.zeros(0))
+    loss_cams = [c.resized(loss_view_size, loss_view_size) for c in seq.heldout]
+    before = seq.source
+    before_loss = _render_rgb(before, loss_cams)
+    steps = []
+    for k, step in enumerate(seq.steps):
+        sample = build_edit_sample(before, step.views, frame)
+        gt = with_base_colors(seq.source, step.colors)
+        edit_cam = step.views[0].camera.resized(loss_view_size, loss_view_size)
+        gt_loss = _render_rgb(gt, [*loss_cams, edit_cam])
+        before_edit = _render_rgb(before, [edit_cam])
+        steps.append(
+            {
+                "kind": step.kind,
+                "hint": HINT_OF_KIND[step.kind],
+                "colors_in": sample.colors,
+                "colors_gt": step.colors,
+                "changed": step.changed,
+                "views": [v.to(torch.float16) for v in sample.views],
+                "signals": {
+                    k2: getattr(sample.signals, k2)
+                    for k2 in ("residual", "abs_residual", "support", "in_mask_weight", "weight")
+                },
+                "loss_cameras": [c.to_dict() for c in [*loss_cams, edit_cam]],
+                "loss_gt": gt_loss.to(torch.float16),
+                "loss_before": torch.cat([before_loss, before_edit]).to(torch.float16),
+            }
+        )
+        before = gt
+        before_loss = gt_loss[:-1]
+        del k
+    return {
+        "version": EXAMPLE_VERSION,
+        "seed": int(seed),
+        "source": {k: v.contiguous() for k, v in seq.source.tensors().items()},
+        "pre": {
+            "rgb": pre.rgb.to(torch.float16),
+            "alpha": pre.alpha.to(torch.float16),
+            "weights": pre.weights,
+            "cameras": [c.to_dict() for c in pre.cameras],
+        },
+        "steps": steps,
+    }
+
+
+def example_source(ex: dict[str, Any]) -> GaussianAsset:
+    return GaussianAsset(**ex["source"])
+
+
+def example_preprocess(ex: dict[str, Any]) -> PreprocessViews:
+    p = ex["pre"]
+    return PreprocessViews(
+        p["rgb"].float(),
+        p["alpha"].float(),
+        p["weights"],
+        [Camera.from_dict(c) for c in p["cameras"]],
+    )
+
+
+def example_sample(step: dict[str, Any], latent, hint: str) -> EditSample:
+    s = step["signals"]
+    return EditSample(
+        latent=latent,
+        views=[v.float() for v in step["views"]],
+        signals=GaussianSignals(**s),
+        colors=step["colors_in"],
+        hint=hint,
+    )
+
+
+# ------------------------------------------------------------------------ the cache
+def cache_key(spec: SequenceSpec, stage1: Stage1Config, loss_view_size: int) -> str:
+    """Examples depend on the data spec, the preprocessing settings and the loss view size."""
+    d = {
+        "version": EXAMPLE_VERSION,
+        "spec": asdict(spec),
+        "grid": stage1.grid_size,
+        "views": [stage1.num_views, stage1.view_size],
+        "loss_view_size": loss_view_size,
+    }
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _build_one(args: tuple) -> int:
+    seed, spec, stage1, loss_view_size, path = args
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    torch.set_num_threads(1)
+    from splatpainter.io.atomic import atomic_write_with
+
+    ex = build_example(seed, spec, stage1, loss_view_size)
+    atomic_write_with(path, lambda f: torch.save(ex, f))
+    return seed
+
+
+def ensure_cache(
+    seeds: list[int],
+    spec: SequenceSpec,
+    stage1: Stage1Config,
+    loss_view_size: int,
+    cache_dir: str | os.PathLike[str],
+    *,
+    workers: int = 2,
+    progress=None,
+) -> dict[int, Path]:
+    """Build missing examples (in `workers` spawned processes) and return seed -> file."""
+    root = Path(cache_dir) / cache_key(spec, stage1, loss_view_size)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {s: root / f"{s}.pt" for s in seeds}
+    todo = [(s, spec, stage1, loss_view_size, p) for s, p in paths.items() if not p.exists()]
+    if todo:
+        if workers <= 1:
+            for a in todo:
+                _build_one(a)
+                if progress:
+                    progress(1)
+        else:
+            with mp.get_context("spawn").Pool(workers) as pool:
+                for _ in pool.imap_unordered(_build_one, todo):
+                    if progress:
+                        progress(1)
+    return paths
+
+
+def load_example(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)

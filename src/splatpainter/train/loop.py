@@ -1,0 +1,266 @@
+"""The editor's training loop: one edit sequence per step, teacher-forced, state carried.
+
+For each sequence: Stage I encodes the source asset (with gradients); the TTT fast weights start
+from their learned initial values; each edit k feeds Stage II the views and signals computed
+against the ground truth before it, and the predicted colours are scored against the ground truth
+after it:
+
+- per-Gaussian colour error on *all* Gaussians, the changed and the unchanged ones as two means
+  (so the Gaussians no edit view sees are supervised too: 3D ground truth);
+- rendered error at held-out views and one edit view, inside and outside the changed pixels
+  (preservation is learned, not only enforced);
+
+and the fast weights go on to edit k + 1, so gradients teach the state to keep earlier edits.
+
+Every random choice of a step (which example, which hint, which loss views) derives from
+(seed, step), and checkpoints hold model, optimiser and step: resuming is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from splatpainter.camera import Camera
+from splatpainter.io.atomic import atomic_write_with
+from splatpainter.model.editor import EditorModel, save_weights
+from splatpainter.train.config import TrainConfig
+from splatpainter.train.data import with_base_colors
+from splatpainter.train.examples import (
+    ensure_cache,
+    example_preprocess,
+    example_sample,
+    example_source,
+    load_example,
+)
+
+CHECKPOINT = "checkpoint.pt"
+LOG = "log.jsonl"
+CURVE = "loss.png"
+WEIGHTS = "editor.safetensors"
+
+
+def lr_at(step: int, cfg) -> float:
+    """Linear warm-up, then cosine decay to final_lr_fraction of the peak."""
+    o = cfg
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    t = (step - o.warmup_steps) / max(1, o.steps - o.warmup_steps)
+    f = o.final_lr_fraction + (1 - o.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * min(t, 1)))
+    return o.lr * f
+
+
+def make_optimizer(model: EditorModel, cfg: TrainConfig) -> torch.optim.AdamW:
+    o = cfg.optim
+    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        key = (name.startswith("stage1."), p.dim() >= 2)
+        groups.setdefault(key, []).append(p)
+    params = [
+        {
+            "params": ps,
+            "weight_decay": o.weight_decay if decay else 0.0,
+            "lr_scale": o.stage1_lr_scale if s1 else 1.0,
+        }
+        for (s1, decay), ps in sorted(groups.items())
+    ]
+    return torch.optim.AdamW(params, lr=o.lr, betas=(0.9, 0.99))
+
+
+def _masked_mean(err: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(err.dtype)
+    return (err * m).sum() / m.sum().clamp_min(1.0)
+
+
+def sequence_loss(
+    model: EditorModel, ex: dict[str, Any], cfg: TrainConfig, gen: torch.Generator
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of one teacher-forced sequence (summed over its edits) and its parts."""
+    from splatpainter.render import render
+
+    lc = cfg.loss
+    source = example_source(ex)
+    latent = model.stage1([source], [example_preprocess(ex)])[0]
+    state = model.stage2.init_state(1)
+    opac = torch.sigmoid(source.opacity_logits)
+    total = source.means.new_zeros(())
+    parts = {"gauss_changed": 0.0, "gauss_unchanged": 0.0, "render_changed": 0.0,
+             "render_unchanged": 0.0}  # fmt: skip
+    for step in ex["steps"]:
+        auto = float(torch.rand(1, generator=gen)) < cfg.data.auto_hint_prob
+        sample = example_sample(step, latent, "auto" if auto else step["hint"])
+        deltas, state = model.stage2([sample], state)
+        pred = step["colors_in"] + deltas[0]["rgb"]
+        err = ((pred - step["colors_gt"]) ** 2).mean(-1) * opac
+        changed = step["changed"]
+        g_c = _masked_mean(err, changed)
+        g_u = _masked_mean(err, ~changed)
+        # Rendered loss at a few held-out views and the first edit view.
+        cams = step["loss_cameras"]
+        k = len(cams) - 1
+        pick = [*torch.randperm(k, generator=gen)[: cfg.data.loss_views].tolist(), k]
+        asset = with_base_colors(source, pred)
+        r_c = r_u = source.means.new_zeros(())
+        for i in pick:
+            rgb = render(asset, Camera.from_dict(cams[i])).rgb
+            gt = step["loss_gt"][i].float()
+            moved = (gt - step["loss_before"][i].float()).abs().amax(-1) > 2.0 / 255.0
+            e = ((rgb - gt) ** 2).mean(-1)
+            r_c = r_c + _masked_mean(e, moved) / len(pick)
+            r_u = r_u + _masked_mean(e, ~moved) / len(pick)
+        terms = (g_c, g_u, r_c, r_u)
+        if lc.form == "log":  # scaled so that log and mse runs have comparable loss magnitudes
+            terms = tuple(0.01 * torch.log(t + lc.eps) for t in terms)
+        loss = (
+            lc.gauss_changed * terms[0]
+            + lc.gauss_unchanged * terms[1]
+            + lc.render_changed * terms[2]
+            + lc.render_unchanged * terms[3]
+        )
+        total = total + loss
+        for name, v in zip(parts, (g_c, g_u, r_c, r_u), strict=True):
+            parts[name] += float(v.detach())
+    return total, parts
+
+
+def _example_order(cfg: TrainConfig, step: int) -> int:
+    n = cfg.data.num_sequences
+    epoch, i = divmod(step, n)
+    g = torch.Generator().manual_seed(cfg.optim.seed * 1_000_003 + epoch)
+    return int(torch.randperm(n, generator=g)[i])
+
+
+def _save_checkpoint(out: Path, model, opt, step: int, cfg: TrainConfig) -> None:
+    payload = {
+        "format": "splatpainter-train",
+        "step": step,
+        "config": cfg.to_dict(),
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+    }
+    atomic_write_with(out / CHECKPOINT, lambda f: torch.save(payload, f))
+
+
+def plot_curve(log_path: Path, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    if not rows:
+        return
+    steps = [r["step"] for r in rows]
+
+    def smooth(vals: list[float]) -> list[float]:
+        w = max(1, len(vals) // 50)
+        return [sum(vals[max(0, i - w + 1) : i + 1]) / len(vals[max(0, i - w + 1) : i + 1])
+                for i in range(len(vals))]  # fmt: skip
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    top.plot(steps, smooth([r["loss"] for r in rows]), label="loss (total)")
+    top.set_ylabel("loss")
+    top.set_title("splatpainter editor training (running mean)")
+    top.legend()
+    for key in ("gauss_changed", "gauss_unchanged", "render_changed", "render_unchanged"):
+        bottom.plot(steps, smooth([max(r[key], 1e-8) for r in rows]), label=key)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("mean squared error")
+    bottom.set_xlabel("step")
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write_with(png, lambda f: fig.savefig(f, format="png", dpi=100))
+    plt.close(fig)
+
+
+def train(
+    cfg: TrainConfig,
+    out_dir: str | os.PathLike[str],
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    on_cache: Callable[[int, int], None] | None = None,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+) -> EditorModel:
+    """Train (or resume) and write checkpoint, JSONL log, loss curve and final safetensors.
+
+    stop_after: stop (with a checkpoint) once this many steps are done in total, as an
+    interrupted run would; `resume=True` then continues it exactly.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    o = cfg.optim
+    if o.threads > 0:
+        torch.set_num_threads(o.threads)
+    seeds = [cfg.data.first_seed + i for i in range(cfg.data.num_sequences)]
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if on_cache:
+            on_cache(done[0], len(seeds))
+
+    paths = ensure_cache(
+        seeds,
+        cfg.data.sequence_spec(),
+        cfg.model.stage1,
+        cfg.data.loss_view_size,
+        cfg.data.cache_dir,
+        workers=cfg.data.workers,
+        progress=tick,
+    )
+    model = EditorModel.initial(cfg.model, seed=o.seed).train()
+    opt = make_optimizer(model, cfg)
+    start = 0
+    log_path = out / LOG
+    if resume and (out / CHECKPOINT).exists():
+        ck = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=True)
+        if ck.get("config") != cfg.to_dict():
+            raise ValueError(f"{out / CHECKPOINT}: written with another config; cannot resume")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optim"])
+        start = int(ck["step"])
+        if log_path.exists():  # drop log lines past the checkpoint
+            keep = [ln for ln in log_path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln)["step"] < start]  # fmt: skip
+            atomic_write_with(log_path, lambda f: f.write("".join(k + "\n" for k in keep).encode()))
+    elif log_path.exists():
+        log_path.unlink()
+    params = [p for g in opt.param_groups for p in g["params"]]
+    t0 = time.perf_counter()
+    end = o.steps if stop_after is None else min(o.steps, stop_after)
+    for step in range(start, end):
+        lr = lr_at(step, o)
+        for g in opt.param_groups:
+            g["lr"] = lr * g["lr_scale"]
+        ex = load_example(paths[seeds[_example_order(cfg, step)]])
+        gen = torch.Generator().manual_seed(o.seed * 7919 + step)
+        loss, parts = sequence_loss(model, ex, cfg, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(params, o.grad_clip))
+        opt.step()
+        row = {"step": step, "loss": float(loss.detach()), **parts, "lr": lr, "grad_norm": gnorm,
+               "edits": len(ex["steps"]), "seed": ex["seed"],
+               "elapsed_s": round(time.perf_counter() - t0, 3)}  # fmt: skip
+        if step % o.log_every == 0:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        if on_step:
+            on_step(step, row)
+        if (step + 1) % o.checkpoint_every == 0 or step + 1 == end:
+            _save_checkpoint(out, model, opt, step + 1, cfg)
+            plot_curve(log_path, out / CURVE)
+    model.eval()
+    if end < o.steps:
+        return model
+    model.trained = True
+    save_weights(model, out / WEIGHTS, trained="true", steps=str(o.steps))
+    return model

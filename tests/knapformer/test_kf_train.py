@@ -1,0 +1,258 @@
+"""The trainer: typed config with named errors, balanced == unbalanced losses, exact resume,
+and the `knapformer train` / `python -m knapformer.train` front ends end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from knapformer.cli import app
+from knapformer.train.config import (
+    ConfigError,
+    apply_overrides,
+    build_config,
+    check_world,
+    load_config,
+    parse_override,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _dist_utils import run_workers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = {
+    "model": {"preset": "tiny"},
+    "data": {"codes": "g1b2i64f1s0,g1b1i64f17s1", "text_tokens_max": 4},
+    "train": {"steps": 3, "lr": 3e-3},
+    "balance": {"balancer": "auto"},
+    "log": {"progress": False},
+}
+
+FIELDS = {
+    "step",
+    "loss",
+    "rank_compute_cpu_s",
+    "rank_compute_wall_s",
+    "rank_tokens",
+    "layout",
+    "plan_ms",
+    "modelled_max_over_mean",
+}
+
+
+# ---- config ----------------------------------------------------------------------------------
+
+
+def test_shipped_tiny_config_loads():
+    cfg = load_config(ROOT / "configs" / "tiny.toml")
+    assert cfg.model_config().d_model == 128 and cfg.balance.balancer == "auto"
+    check_world(cfg, 2)
+    check_world(cfg, 4)
+
+
+@pytest.mark.parametrize(
+    "patch,match",
+    [
+        ({"train": {"stepz": 3}}, "unknown config key 'train.stepz'"),
+        ({"train": {"steps": "many"}}, "'train.steps': expected an integer"),
+        ({"train": {"lr": True}}, "'train.lr': expected a number"),
+        ({"optimizer": {}}, "unknown config section 'optimizer'"),
+        ({"data": {"codes": "g1b2i64f1"}}, "'data.codes': bad data code"),
+        ({"model": {"preset": "tiny", "num_heads": 5}}, "not divisible"),
+        ({"checkpoint": {"every": 2}}, "needs checkpoint.dir"),
+        ({"train": {"dtype": "float8"}}, "'train.dtype'"),
+    ],
+)
+def test_bad_config_is_named(patch, match):
+    raw = {k: dict(v) for k, v in TINY.items()}
+    for k, v in patch.items():
+        raw[k] = {**raw.get(k, {}), **v} if k != "model" else v
+    with pytest.raises(ConfigError, match=match):
+        build_config(raw)
+
+
+def test_overrides_and_world_checks(tmp_path):
+    assert parse_override("train.lr=3e-4") == ("train.lr", 3e-4)
+    assert parse_override("balance.balancer=g1n2+g2n1") == ("balance.balancer", "g1n2+g2n1")
+    assert parse_override("train.activation_checkpointing=true")[1] is True
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
+        parse_override("lr=3")
+    cfg = build_config(apply_overrides(TINY, {"train.steps": 7}))
+    assert cfg.train.steps == 7
+    with pytest.raises(ConfigError, match="does not fit 3 ranks"):
+        check_world(cfg, 3)  # the data mixture describes 2 ranks
+    cfg = build_config(apply_overrides(TINY, {"balance.balancer": "g4n1"}))
+    with pytest.raises(ConfigError, match="'g4n1' does not fit 2 ranks"):
+        check_world(cfg, 2)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    (tmp_path / "bad.toml").write_text("[train\nsteps = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(tmp_path / "bad.toml")
+
+
+def test_cli_rejects_bad_input_before_spawning(tmp_path):
+    runner = CliRunner()
+    cfg = str(ROOT / "configs" / "tiny.toml")
+    r = runner.invoke(app, ["train", "--config", cfg, "--nproc", "2", "--balancer", "g4n1"])
+    assert r.exit_code == 2 and "does not fit 2 ranks" in r.output
+    r = runner.invoke(app, ["train", "--config", cfg, "--set", "train.lr=fast"])
+    assert r.exit_code == 2 and "'train.lr': expected a number" in r.output
+    r = runner.invoke(
+        app,
+        ["train", "--config", cfg, "--nproc", "2", "--resume", "--checkpoint-dir", str(tmp_path)],
+    )
+    assert r.exit_code == 2 and "no checkpoint" in r.output
+    r = runner.invoke(app, ["train", "--config", cfg, "--nproc", "3"])
+    assert r.exit_code == 2 and "does not fit 3 ranks" in r.output
+
+
+# ---- distributed: balanced vs unbalanced, exact resume -----------------------------------------
+
+
+def train_worker(rank: int, world: int, raw: dict, ckpt: str, what: str):
+    import torch.distributed as dist
+
+    from knapformer.train.config import apply_overrides, build_config
+    from knapformer.train.loop import train
+
+    def run(**over):
+        return [r for r in train(build_config(apply_overrides(raw, over)))]
+
+    if what == "balance":
+        return {"none": run(**{"balance.balancer": "none"}), "auto": run()}
+    full = run(**{"checkpoint.dir": ckpt, "checkpoint.every": 2})  # saves steps 2 and 3
+    dist.barrier()
+    if rank == 0:  # resume from the uninterrupted run's step-2 checkpoint
+        (Path(ckpt) / "latest").write_text("step_00000002\n")
+    dist.barrier()
+    resumed = run(**{"checkpoint.dir": ckpt, "checkpoint.every": 2, "checkpoint.resume": True})
+    return {"full": full, "resumed": resumed}
+
+
+def _train(tmp_path: Path, what: str) -> dict:
+    args = (TINY, str(tmp_path / "ckpt"), what)
+    return run_workers(__file__, "train_worker", 2, tmp_path, args=args, timeout=55)[0]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_balanced_losses_match_unbalanced(tmp_path):
+    res = _train(tmp_path, "balance")
+    auto, none = res["auto"], res["none"]
+    assert [r["step"] for r in auto] == [1, 2, 3]
+    assert set(auto[0]) >= FIELDS
+    for b, u in zip(auto, none, strict=True):
+        assert abs(b["loss"] - u["loss"]) <= 1e-5 * abs(u["loss"]), (b["loss"], u["loss"])
+        assert len(b["rank_compute_cpu_s"]) == 2 and len(b["rank_tokens"]) == 2
+        assert sum(b["rank_tokens"]) == sum(u["rank_tokens"])  # every token computed once
+    assert auto[0]["layout"] != "none" and none[0]["layout"] == "none"
+    assert auto[0]["modelled_max_over_mean"] < none[0]["modelled_max_over_mean"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_resume_is_exact(tmp_path):
+    res = _train(tmp_path, "resume")
+    full, resumed = res["full"], res["resumed"]
+    # Resume from step 2 reproduces the uninterrupted run bit for bit.
+    assert [r["step"] for r in resumed] == [3]
+    assert resumed[0]["loss"] == full[2]["loss"]
+    assert resumed[0]["rank_tokens"] == full[2]["rank_tokens"]
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_00000003"
+
+
+# ---- front ends --------------------------------------------------------------------------------
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Run in a new session so a timeout kills the launcher *and* every rank it spawned."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _write_tiny(path: Path) -> Path:
+    lines = []
+    for section, kv in TINY.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in kv.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_cli_spawns_ranks_and_writes_the_log(tmp_path):
+    cfg = _write_tiny(tmp_path / "t.toml")
+    log = tmp_path / "log.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "knapformer.cli", "train", "--config", str(cfg), "--nproc", "2"]
+    cmd += ["--balancer", "g2n1", "--steps", "2", "--log", str(log), "--no-progress"]
+    r = _run(cmd, env, timeout=85)
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in recs] == [1, 2] and set(recs[0]) >= FIELDS
+    assert all(x["layout"] == "g2n1" for x in recs)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_module_entry_point_under_a_torchrun_environment(tmp_path):
+    cfg = _write_tiny(tmp_path / "t.toml")
+    log = tmp_path / "log.jsonl"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    cmd = [sys.executable, "-m", "knapformer.train", "--config", str(cfg), "--steps", "1"]
+    cmd += ["--log", str(log), "--data-codes", "g1b2i128f1s0", "--cost", "calibrate"]
+    cmd += ["--set", "model.preset=cpu"]
+    r = _run(cmd, env, timeout=55)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads(log.read_text().splitlines()[0])
+    assert rec["step"] == 1 and rec["layout"] == "g1n1" and len(rec["rank_tokens"]) == 1
+    assert "held-out MAPE per block type" in r.stdout  # the per-block-type calibration ran
+
+
+def test_per_block_type_calibration_feeds_one_cost_model():
+    from knapformer.models.mmdit import mmdit_config
+    from knapformer.train.costs import calibrate_blocks
+
+    cfg = mmdit_config("cpu", depth_double=2, depth_single=3)
+    c = calibrate_blocks(cfg, [64, 128, 192, 256, 384, 512], (1, 2), repeats=2, warmup=0)
+    assert c.double.a + c.double.b > 0 and c.single.a + c.single.b > 0
+    assert c.total.a == pytest.approx(2 * c.double.a + 3 * c.single.a)
+    assert c.total.b == pytest.approx(2 * c.double.b + 3 * c.single.b)
+    # Intercepts are per block call (the same on every rank), not per sequence.
+    assert c.total.e == 0.0
+    assert c.per_rank_overhead_s == pytest.approx(2 * c.double.e + 3 * c.single.e)
+    assert set(c.heldout_mape) == {"double", "single"} and c.lengths_heldout
+    with pytest.raises(ValueError, match="divide num_heads"):
+        calibrate_blocks(cfg, [8, 16, 32], (3,))

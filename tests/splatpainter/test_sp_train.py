@@ -1,0 +1,169 @@
+"""Edit data with 3D ground truth, the training config, the trainer (resume, loss goes down)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from splatpainter.cli import app
+from splatpainter.render import render
+from splatpainter.train.config import ConfigError, config_from_dict, load_config
+from splatpainter.train.data import (
+    KINDS,
+    EditDataError,
+    SequenceSpec,
+    base_colors,
+    make_edit,
+    make_sequence,
+)
+from splatpainter.train.loop import CHECKPOINT, LOG, WEIGHTS, train
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "splatpainter" / "tiny.toml"
+SMALL = SequenceSpec(min_gaussians=1000, max_gaussians=1500, view_size=32, num_heldout=3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sequence_is_deterministic_and_views_are_ground_truth_renders(kind):
+    spec = SequenceSpec(**{**SMALL.__dict__, "first_kind": kind, "min_edits": 2, "max_edits": 2})
+    a, b = make_sequence(11, spec), make_sequence(11, spec)
+    assert torch.equal(a.source.sh, b.source.sh) and torch.equal(a.source.means, b.source.means)
+    assert a.steps[0].kind == kind and len(a.steps) == 2
+    for sa, sb in zip(a.steps, b.steps, strict=True):
+        assert sa.kind == sb.kind and torch.equal(sa.colors, sb.colors)
+        assert all(
+            torch.equal(va.image, vb.image) for va, vb in zip(sa.views, sb.views, strict=True)
+        )
+    assert int(a.steps[0].changed.sum()) >= 10  # an edit always changes something
+    for k, step in enumerate(a.steps):
+        gt = a.asset_at(k)
+        torch.testing.assert_close(base_colors(gt), step.colors, atol=1e-6, rtol=0)
+        for v in step.views:
+            img = render(gt, v.camera).rgb
+            # The edit image is the ground-truth render, 8-bit quantised: within half a step.
+            assert float((img - v.image).abs().max()) <= 0.5 / 255 + 1e-6
+            assert torch.equal(v.image, torch.round(v.image * 255) / 255)
+
+
+def test_sequences_differ_by_seed_and_keep_geometry():
+    a, b = make_sequence(1, SMALL), make_sequence(2, SMALL)
+    assert a.source.num_gaussians != b.source.num_gaussians or not torch.equal(
+        a.source.means, b.source.means
+    )
+    for k in range(len(a.steps)):
+        gt = a.asset_at(k)
+        assert torch.equal(gt.means, a.source.means) and torch.equal(gt.quats, a.source.quats)
+        assert torch.equal(gt.sh[:, 1:], a.source.sh[:, 1:])  # only the DC colour is edited
+
+
+def test_relight_without_normals_is_a_clear_error():
+    seq = make_sequence(3, SMALL)
+    info = {"points": seq.source.means, "normals": None, "primitive_id": seq.primitive_id}
+    vis = torch.ones(seq.source.num_gaussians, dtype=torch.bool)
+    with pytest.raises(EditDataError, match="relight needs surface normals"):
+        make_edit("relight", seq.source_colors, info, vis, torch.Generator().manual_seed(0))
+    with pytest.raises(EditDataError, match="detail needs a low-passed"):
+        make_edit("detail", seq.source_colors, info, vis, torch.Generator().manual_seed(0))
+    with pytest.raises(EditDataError, match="unknown edit kind"):
+        SequenceSpec(kinds=("sharpen",))
+
+
+def test_config_errors_name_the_key(tmp_path):
+    cfg = load_config(TINY)
+    assert cfg.data.num_sequences == 3 and cfg.model.stage2.num_blocks == 1
+    with pytest.raises(ConfigError, match=r"\[optim\] has unknown key\(s\) \['stpes'\]"):
+        config_from_dict({"optim": {"stpes": 3}})
+    with pytest.raises(ConfigError, match=r"optim\.lr must be float, got str"):
+        config_from_dict({"optim": {"lr": "fast"}})
+    with pytest.raises(ConfigError, match=r"model.stage2\] has unknown key"):
+        config_from_dict({"model": {"stage2": {"delta_scope": "global"}}})
+    with pytest.raises(ConfigError, match="first_seed must be >= 100000"):
+        config_from_dict({"data": {"first_seed": 5}})
+    with pytest.raises(ConfigError, match=r"loss\.form must be"):
+        config_from_dict({"loss": {"form": "l1"}})
+    with pytest.raises(ConfigError, match="unknown table"):
+        config_from_dict({"trainer": {}})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[optim\nsteps = 3")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    r = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "missing.toml")])
+    assert r.exit_code == 2 and "no such config file" in r.output
+
+
+def _tiny(tmp_path, **optim):
+    cfg = load_config(TINY)
+    cfg.data.cache_dir = str(tmp_path / "cache")
+    for k, v in optim.items():
+        setattr(cfg.optim, k, v)
+    return cfg
+
+
+@pytest.mark.slow
+def test_resume_is_exact(tmp_path):
+    straight = tmp_path / "straight"
+    model_a = train(_tiny(tmp_path, steps=4, checkpoint_every=2), straight)
+    part = tmp_path / "part"
+    train(_tiny(tmp_path, steps=4, checkpoint_every=2), part, stop_after=3)  # "killed" at 3
+    assert torch.load(part / CHECKPOINT, weights_only=True)["step"] == 3
+    assert not (part / WEIGHTS).exists()
+    model_b = train(_tiny(tmp_path, steps=4, checkpoint_every=2), part, resume=True)
+    for (k, va), vb in zip(
+        model_a.state_dict().items(), model_b.state_dict().values(), strict=True
+    ):
+        assert torch.equal(va, vb), k
+    la = [json.loads(x)["loss"] for x in (straight / LOG).read_text().splitlines()]
+    lb = [json.loads(x)["loss"] for x in (part / LOG).read_text().splitlines()]
+    assert la == lb and len(la) == 4
+    assert (part / WEIGHTS).exists() and (part / "loss.png").exists()
+    with pytest.raises(ValueError, match="another config"):
+        train(_tiny(tmp_path, steps=5, checkpoint_every=2), part, resume=True)
+
+
+@pytest.mark.slow
+def test_tiny_training_lowers_the_loss_and_is_reproducible(tmp_path):
+    def run(out):
+        cfg = _tiny(tmp_path, steps=24, checkpoint_every=100, lr=3e-3)
+        cfg.data.num_sequences = 1  # one sequence, fixed loss views: a clean descent
+        cfg.data.auto_hint_prob = 0.0
+        cfg.data.loss_views = cfg.data.num_heldout
+        train(cfg, out)
+        return [json.loads(x)["loss"] for x in (out / LOG).read_text().splitlines()]
+
+    first = run(tmp_path / "a")
+    # log-form loss (0.01 * log(mse + eps) per term): 0.005 is half a nat off one error term
+    assert sum(first[-4:]) / 4 < first[0] - 0.005, first
+    assert all(b < a for a, b in zip(first[:8], first[1:9], strict=True)), first
+    again = run(tmp_path / "b")
+    torch.testing.assert_close(torch.tensor(again), torch.tensor(first), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_train_cli_writes_weights_that_load(tmp_path):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(TINY),
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--json",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and Path(summary["weights"]).exists()
+    from splatpainter.model.editor import load_weights
+
+    model = load_weights(out / WEIGHTS)
+    assert model.trained and model.config.stage2.num_blocks == 1
+    shutil.rmtree(tmp_path / "cache")
