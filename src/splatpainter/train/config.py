@@ -96,6 +96,7 @@ class OptimConfig:
     checkpoint_every: int = 100
     log_every: int = 1
     threads: int = 0  # torch threads (0: leave torch's default)
+    init_from: str = ""  # start from these weights (.safetensors of the same architecture)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.lr <= 0 or self.grad_clip <= 0:

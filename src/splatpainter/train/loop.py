@@ -30,7 +30,7 @@ import torch
 
 from splatpainter.camera import Camera
 from splatpainter.io.atomic import atomic_write_with
-from splatpainter.model.editor import EditorModel, save_weights
+from splatpainter.model.editor import EditorModel, load_weights, save_weights
 from splatpainter.train.config import TrainConfig
 from splatpainter.train.data import with_base_colors
 from splatpainter.train.examples import (
@@ -217,6 +217,11 @@ def train(
         progress=tick,
     )
     model = EditorModel.initial(cfg.model, seed=o.seed).train()
+    if o.init_from:
+        init = load_weights(o.init_from)
+        if init.config != cfg.model:
+            raise ValueError(f"optim.init_from {o.init_from}: weights of another architecture")
+        model.load_state_dict(init.state_dict())
     opt = make_optimizer(model, cfg)
     start = 0
     log_path = out / LOG
