@@ -168,3 +168,21 @@ def test_train_cli_writes_weights_that_load(tmp_path):
     model = load_weights(out / WEIGHTS)
     assert model.trained and model.config.stage2.num_blocks == 1
     shutil.rmtree(tmp_path / "cache")
+
+
+@pytest.mark.slow
+def test_init_from_starts_at_given_weights_and_refuses_another_architecture(tmp_path):
+    from splatpainter.model.editor import EditorModel, load_weights, save_weights
+
+    first = train(_tiny(tmp_path, steps=2, checkpoint_every=2), tmp_path / "a")
+    cfg = _tiny(tmp_path, steps=1, checkpoint_every=1, init_from=str(tmp_path / "a" / WEIGHTS))
+    cfg.optim.lr = 1e-12  # one step that cannot move the weights measurably
+    second = train(cfg, tmp_path / "b")
+    for k, v in first.state_dict().items():
+        torch.testing.assert_close(second.state_dict()[k], v, rtol=0, atol=1e-8)
+    assert load_weights(tmp_path / "b" / WEIGHTS).trained
+    other = tmp_path / "other.safetensors"
+    save_weights(EditorModel.initial(), other)  # the default (larger) architecture
+    bad = _tiny(tmp_path, steps=1, init_from=str(other))
+    with pytest.raises(ValueError, match="another architecture"):
+        train(bad, tmp_path / "c")
