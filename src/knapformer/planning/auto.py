@@ -209,23 +209,27 @@ class _Step:
         the restricted-capacity one."""
         key = (spec, strong)
         if key not in self._bounds:
-            layout = self.layout(spec)
-            cuts = np.searchsorted(self.src, np.arange(0, self.world_size + 1, layout.group_size))
             lb = 0.0
-            for r in range(layout.num_replicas):
-                a, b = int(cuts[r]), int(cuts[r + 1])
-                p = solvers.build_problem(
-                    self.flat[a:b],
-                    self.src[a:b] - r * layout.group_size,
-                    layout,
-                    self.cost,
-                    None,
-                    {},
-                    self.table.rows(a, b),
-                )
+            for p in self.replica_problems(spec):
                 lb = max(lb, p.lb if strong else solvers.simple_lower_bound(p))
             self._bounds[key] = lb
         return self._bounds[key]
+
+    def replica_problems(self, spec: str):
+        """The planning problem of each replica of ``spec`` (its rows of the cost table)."""
+        layout = self.layout(spec)
+        cuts = np.searchsorted(self.src, np.arange(0, self.world_size + 1, layout.group_size))
+        for r in range(layout.num_replicas):
+            a, b = int(cuts[r]), int(cuts[r + 1])
+            yield solvers.build_problem(
+                self.flat[a:b],
+                self.src[a:b] - r * layout.group_size,
+                layout,
+                self.cost,
+                None,
+                {},
+                self.table.rows(a, b),
+            )
 
     def simple_bound(self, spec: str) -> float:
         """``max(total min-work / N, max_s min_g t(L_s, g))`` straight from the table: for a
@@ -253,20 +257,8 @@ class _Step:
     def quick_makespan(self, spec: str) -> float:
         """A makespan ``spec`` can reach (an upper bound on its best plan): LPT construction
         and a few local-search rounds, no locality phase and no plan object."""
-        layout = self.layout(spec)
-        cuts = np.searchsorted(self.src, np.arange(0, self.world_size + 1, layout.group_size))
         ms = 0.0
-        for r in range(layout.num_replicas):
-            a, b = int(cuts[r]), int(cuts[r + 1])
-            p = solvers.build_problem(
-                self.flat[a:b],
-                self.src[a:b] - r * layout.group_size,
-                layout,
-                self.cost,
-                None,
-                {},
-                self.table.rows(a, b),
-            )
+        for p in self.replica_problems(spec):
             if p.n == 0:
                 continue
             bag, load = construction._construct(p, p.by_cost_desc, None, p.lb, 1e-3)

@@ -58,6 +58,18 @@ class ThreadClock:
         return time.thread_time(), (s if s is not None else time.perf_counter())
 
 
+def mixture(cfg, mcfg, world: int) -> SyntheticMixture:
+    """The synthetic data the config asks for, for `world` ranks."""
+    return SyntheticMixture(
+        cfg.data.codes,
+        mcfg,
+        world,
+        text_tokens_max=cfg.data.text_tokens_max,
+        patch_px=cfg.data.patch_px,
+        seed=cfg.data.seed,
+    )
+
+
 def build_cost(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> tuple[CostModel, Any]:
     """The balancer's cost model; ``calibrate`` runs on rank 0 and is broadcast to the others."""
     from knapformer.train.costs import calibrate_blocks, flops_cost
@@ -71,14 +83,7 @@ def build_cost(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> tu
     payload: list[Any] = [None]
     if dist.get_rank() == 0:
         world = dist.get_world_size()
-        data = SyntheticMixture(
-            cfg.data.codes,
-            mcfg,
-            world,
-            text_tokens_max=cfg.data.text_tokens_max,
-            patch_px=cfg.data.patch_px,
-            seed=cfg.data.seed,
-        )
+        data = mixture(cfg, mcfg, world)
         longest = max(max(data.lengths(s, r)) for s in range(1, 4) for r in range(world))
         bags = [g for g in (1, 2, 4, 8) if g <= world and mcfg.num_heads % g == 0]
         lo = max(bags[-1], 16)
@@ -220,14 +225,7 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     dtype = _DTYPES[cfg.train.dtype]
     mcfg = cfg.model_config()
-    data = SyntheticMixture(
-        cfg.data.codes,
-        mcfg,
-        world,
-        text_tokens_max=cfg.data.text_tokens_max,
-        patch_px=cfg.data.patch_px,
-        seed=cfg.data.seed,
-    )
+    data = mixture(cfg, mcfg, world)
     say = print if rank == 0 else (lambda *_a, **_k: None)
     cost, calib = build_cost(cfg, log=say)
     if calib is not None:
