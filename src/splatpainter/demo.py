@@ -104,6 +104,7 @@ def run(out: Path, size: int = 256, method: str = "model") -> dict[str, float]:
 def run_recolor(out: Path, size: int = 128) -> dict[str, float]:
     """Recolour the demo torus from one view; held-out PSNR on the changed pixels per method."""
     from splatpainter.assets.procedural import make_demo_asset
+    from splatpainter.eval.metrics import SquaredError, changed_mask
     from splatpainter.model.editor import load_editor
     from splatpainter.train.data import (
         apply_color_transform,
@@ -130,16 +131,15 @@ def run_recolor(out: Path, size: int = 128) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
     save_png(view.image, out / "recolor_edit_input.png")
     save_png(render(truth, held[0]).rgb, out / "recolor_back_truth.png")
+    truths = [render(truth, c).rgb for c in held]
+    changed = [changed_mask(gt, render(asset, c).rgb) for gt, c in zip(truths, held, strict=True)]
     result = {}
     for name, meth in methods.items():
         new = EditSession(asset, meth).apply(view)
-        err, n = 0.0, 0
-        for c in held:
-            gt, before = render(truth, c).rgb, render(asset, c).rgb
-            changed = (gt - before).abs().amax(-1) > 2.0 / 255.0
-            err += float(((render(new, c).rgb - gt)[changed] ** 2).sum())
-            n += int(changed.sum()) * 3
-        result[name] = -10.0 * torch.log10(torch.tensor(err / max(n, 1))).item()
+        err = SquaredError()
+        for c, gt, m in zip(held, truths, changed, strict=True):
+            err.add(render(new, c).rgb, gt, m)
+        result[name] = err.psnr()
         save_png(render(new, held[0]).rgb, out / f"recolor_back_{name}.png")
     return result
 

@@ -279,3 +279,29 @@ def test_stage2_batch_of_different_sizes_equals_one_by_one():
                 batched[i]["sh_dc"], single[0]["sh_dc"], rtol=1e-4, atol=1e-5
             )
             torch.testing.assert_close(state_b[0].w1[i], state_s[0].w1[0], rtol=1e-4, atol=1e-5)
+
+
+def test_safetensors_weights_of_another_architecture_are_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from splatpainter.model.editor import load_weights, save_weights
+
+    path = tmp_path / "w.safetensors"
+    save_weights(EditorModel.initial(small_config()), path, trained="true")
+    assert load_weights(path).trained
+    # Weights of one architecture under the config of another.
+    other = dataclasses.asdict(
+        dataclasses.replace(small_config(), stage2=Stage2Config(dim=64, head_hidden=48))
+    )
+    import json
+
+    meta = {"format": "splatpainter-editor-weights", "config": json.dumps(other)}
+    save_file(load_file(path), path, metadata=meta)
+    with pytest.raises(CheckpointError, match=r"shape mismatch stage2\.head\.fc1\.weight"):
+        load_weights(path)
+    save_file(load_file(path), path, metadata={"format": "something else"})
+    with pytest.raises(CheckpointError, match="no editor config"):
+        load_weights(path)
+    path.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        load_weights(path)

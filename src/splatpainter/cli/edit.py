@@ -14,7 +14,6 @@ UNTRAINED_WARNING = (
     "warning: --method model is using untrained, deterministically seeded weights; the result "
     "is not a meaningful edit (give trained weights with --weights)"
 )
-KINDS = ("auto", "paint", "recolor", "relight", "detail")
 
 
 def make_method(method: str, weights: Path | None, steps: int, kind: str = "auto"):
@@ -67,8 +66,10 @@ def edit(
             raise ValueError(
                 f"got {len(masks)} --mask for {len(view)} views; give none or one each"
             )
-        if kind not in KINDS:
-            raise ValueError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        from splatpainter.model.stage2 import EDIT_HINTS
+
+        if kind not in EDIT_HINTS:
+            raise ValueError(f"--kind must be one of {', '.join(EDIT_HINTS)}, got {kind!r}")
         if method != "model" and weights is not None:
             raise ValueError("--weights only applies to --method model")
 

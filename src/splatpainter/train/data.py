@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from splatpainter.assets.gaussians import SH_C0, GaussianAsset, sh_coeff_count
+from splatpainter.assets.gaussians import SH_C0, GaussianAsset, rgb_to_sh_dc, sh_coeff_count
 from splatpainter.assets.procedural import ProceduralAsset, build_asset, random_primitives
 from splatpainter.camera import Camera, orbit_cameras
 from splatpainter.edit.views import EditView
 
 KINDS = ("paint", "recolor", "global", "relight", "detail")
-# The kind hint the model takes: recolor covers a part and the whole asset alike.
-HINTS = ("auto", "paint", "recolor", "relight", "detail")
+# The model's kind hint (one of stage2.EDIT_HINTS) for each kind: recolor covers a part and the
+# whole asset alike.
 HINT_OF_KIND = {"paint": "paint", "recolor": "recolor", "global": "recolor",
                 "relight": "relight", "detail": "detail"}  # fmt: skip
 
@@ -100,7 +100,7 @@ def base_colors(asset: GaussianAsset) -> torch.Tensor:
 def with_base_colors(asset: GaussianAsset, colors: torch.Tensor) -> GaussianAsset:
     """The asset with SH DC set to `colors` (higher bands, geometry kept bit-exact)."""
     sh = asset.sh.clone()
-    sh[:, 0, :] = (colors.to(sh) - 0.5) / SH_C0
+    sh[:, 0, :] = rgb_to_sh_dc(colors.to(sh))
     return asset.replace(sh=sh)
 
 

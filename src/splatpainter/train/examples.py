@@ -57,7 +57,7 @@ def build_example(
     before = seq.source
     before_loss = _render_rgb(before, loss_cams)
     steps = []
-    for k, step in enumerate(seq.steps):
+    for step in seq.steps:
         sample = build_edit_sample(before, step.views, frame)
         gt = with_base_colors(seq.source, step.colors)
         edit_cam = step.views[0].camera.resized(loss_view_size, loss_view_size)
@@ -72,8 +72,8 @@ def build_example(
                 "changed": step.changed,
                 "views": [v.to(torch.float16) for v in sample.views],
                 "signals": {
-                    k2: getattr(sample.signals, k2)
-                    for k2 in ("residual", "abs_residual", "support", "in_mask_weight", "weight")
+                    k: getattr(sample.signals, k)
+                    for k in ("residual", "abs_residual", "support", "in_mask_weight", "weight")
                 },
                 "loss_cameras": [c.to_dict() for c in [*loss_cams, edit_cam]],
                 "loss_gt": gt_loss.to(torch.float16),
@@ -82,7 +82,6 @@ def build_example(
         )
         before = gt
         before_loss = gt_loss[:-1]
-        del k
     return {
         "version": EXAMPLE_VERSION,
         "seed": int(seed),

@@ -47,9 +47,8 @@ CURVE = "loss.png"
 WEIGHTS = "editor.safetensors"
 
 
-def lr_at(step: int, cfg) -> float:
-    """Linear warm-up, then cosine decay to final_lr_fraction of the peak."""
-    o = cfg
+def lr_at(step: int, o) -> float:
+    """Linear warm-up, then cosine decay to final_lr_fraction of the peak (o: OptimConfig)."""
     if step < o.warmup_steps:
         return o.lr * (step + 1) / o.warmup_steps
     t = (step - o.warmup_steps) / max(1, o.steps - o.warmup_steps)
