@@ -3,10 +3,11 @@
 Scene: the procedural demo asset with --gaussians Gaussians (default 20k), the shipped editor
 weights (or --weights), one painted edit view of
 --size x --size pixels (default 128).  Stage I is timed cold (cache cleared) per asset; a Stage II
-edit is `ModelMethod.apply` end to end (current render, compositing-weight signals, network, write
-back).  Baselines are timed on the same edit.  Medians over --repeats after one warm-up (plus
-the best run and the process CPU seconds per Stage II edit: on a shared machine the wall-clock
-median includes other load, CPU seconds / threads is what an idle machine would take).
+edit is `ModelMethod.apply` end to end (current render, compositing-weight signals, least-squares
+solve, network, write back).  Baselines are timed on the same edit.  Medians over --repeats
+after one warm-up (plus the best run and the process CPU seconds per Stage II edit: on a shared
+machine the wall-clock median includes other load, CPU seconds / threads is what an idle machine
+would take).
 
     python benchmarks/edit_speed.py [--json] [--threads 2] [--gaussians 20000] [--size 128]
 """
@@ -89,7 +90,8 @@ def main() -> None:
     from splatpainter.edit.signals import gather_signals
 
     lat = state["latent"]
-    sample = build_edit_sample(asset, [view], lat, hint="paint")
+    iters = model.stage2.config.solve_iters
+    sample = build_edit_sample(asset, [view], lat, hint="paint", solve_iters=iters)
 
     def net() -> None:
         with torch.no_grad():
@@ -97,6 +99,7 @@ def main() -> None:
 
     t_net = _median_s(net, args.repeats)
     t_signals = _median_s(lambda: gather_signals(asset, [view]), args.repeats)
+    t_solve = _median_s(lambda: gather_signals(asset, [view], solve_iters=iters), args.repeats)
     bp = BackprojectMethod()
     t_bp = _median_s(lambda: bp.apply(asset, [view], None), args.repeats)
     opt = OptimizeMethod(steps=args.optimize_steps)
@@ -116,6 +119,7 @@ def main() -> None:
         "stage2_cpu_s_per_edit": round(cpu_edit, 3),
         "stage2_network_s": round(t_net, 3),
         "stage2_signals_s": round(t_signals, 3),
+        f"stage2_least_squares_{iters}_steps_s": round(t_solve - t_signals, 3),
         "gaussians_changed": changed,
         "backproject_s_per_edit": round(t_bp, 3),
         f"optimize_{args.optimize_steps}_steps_s": round(t_opt, 3),

@@ -11,15 +11,17 @@ Sections (each printed as a table; ``--json`` prints one object):
 * ``guarantee``: the default solver against ``reference`` on random steps (lognormal, Pareto,
   image+video; 32 GPUs): how many plans are worse (must be 0), equal, better.
 * ``auto``: the auto-layout decision per step on the paper mixtures at 1x and 3x their batch
-  (89-336 sequences on 32 GPUs): steady state (the current layout is kept when the bounds show
-  nothing beats it by the hysteresis) and a full decision (no current layout).
+  (89-336 sequences on 32 GPUs), wall and thread CPU time: steady state (the current layout is
+  kept when the bounds show nothing beats it by the hysteresis) and the first step (no current
+  layout; cold per-process caches, and warm).
 * ``replica``: 32 replicas of a 32-GPU group (1,024 GPUs): planning the whole world, which
   every rank used to do, against planning one replica, which each rank does now.
 * ``groups``: process groups auto needs at 1,024 GPUs (created lazily, when a layout is first
   chosen) against every node-local bag (created eagerly before).
-* ``cuda_sync``: with CUDA, route/reverse_route/attention run under
-  ``torch.cuda.set_sync_debug_mode("error")`` (one rank, ``cpu:gloo,cuda:nccl``); skipped
-  without CUDA. ``--exact N`` also compares with the HiGHS optimum on N small instances.
+* ``cuda_sync``: with CUDA, route/reverse_route/attention (forward and backward) run under
+  ``torch.cuda.set_sync_debug_mode("error")`` (one rank, ``cpu:gloo,cuda:nccl``), with the same
+  plan and right after a new ``plan_step``; skipped without CUDA. ``--exact N`` also compares
+  with the HiGHS optimum on N small instances.
 """
 
 from __future__ import annotations
@@ -166,8 +168,23 @@ def _scaled(mixture: str, k: int) -> str:
     return re.sub(r"b(\d+)", lambda m: f"b{int(m.group(1)) * k}", MIXTURES[mixture])
 
 
+def _cold_caches() -> None:
+    """Forget every per-process cache the auto decision uses (parsed layouts, per-layout
+    arrays): the next decision costs what the first one of a fresh process does."""
+    from knapformer.planning import auto
+    from knapformer.planning.solvers import problem
+
+    auto._parse.cache_clear()
+    problem._REPLICA_CACHE.clear()
+
+
 def auto_speed(steps: int, tick) -> list[dict]:
-    """Per-step auto decision on 32 GPUs (8 per node, 24 heads), FLUX-size cost."""
+    """Per-step auto decision on 32 GPUs (8 per node, 24 heads), FLUX-size cost.
+
+    Steady state: the current layout kept from the previous step (the bounds show nothing
+    beats it by the hysteresis). Full: no current layout, as on the first step, with cold
+    caches (``_cold_caches``) and, in ``full_warm``, with warm ones. Each is the best of 3
+    runs from the same state (robust to other load), wall and thread CPU time."""
     cost = CostModel.flops(3072, 1.0).scaled(57)
     rows = []
     for mixture in ("mixres", "joint"):
@@ -175,33 +192,46 @@ def auto_speed(steps: int, tick) -> list[dict]:
             data = sample_steps(parse_data_codes(_scaled(mixture, k)), 32, steps + 1, seed=1)
             sched = AutoLayout(32, 24, 8, cost)
             sched.decide(data[0])
-            steady, changed = [], 0
+            steady, steady_cpu, changed = [], [], 0
             for s in data[1:]:
                 before = sched.current
-                # best of 3 decisions from the same state (robust to other load)
                 runs = []
                 for _ in range(3):
                     sched.current, sched.step = before, 1
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    sched.decide(s)
+                    runs.append(((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3))
+                steady.append(min(r[0] for r in runs))
+                steady_cpu.append(min(r[1] for r in runs))
+                changed += sched.current != before
+            full, full_cpu, warm = [], [], []
+            for s in data[1:]:
+                runs = []
+                for _ in range(3):
+                    _cold_caches()
+                    sched.current, sched.step = None, 0
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    sched.decide(s)
+                    runs.append(((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3))
+                    sched.current, sched.step = None, 0
                     t0 = time.perf_counter()
                     sched.decide(s)
-                    runs.append((time.perf_counter() - t0) * 1e3)
-                steady.append(min(runs))
-                changed += sched.current != before
-            full = []
-            for s in data[1 : 1 + min(steps, 5)]:
-                sched.current, sched.step = None, 0
-                t0 = time.perf_counter()
-                sched.decide(s)
-                full.append((time.perf_counter() - t0) * 1e3)
+                    warm.append((time.perf_counter() - t0) * 1e3)
+                full.append(min(r[0] for r in runs))
+                full_cpu.append(min(r[1] for r in runs))
             tick()
             rows.append(
                 {
                     "mixture": f"{mixture} x{k}",
                     "num_sequences": sum(len(r) for r in data[0]),
                     "steady_median_ms": float(np.median(steady)),
+                    "steady_median_cpu_ms": float(np.median(steady_cpu)),
                     "steady_p90_ms": float(np.percentile(steady, 90)),
                     "steady_layout_changes": int(changed),
                     "full_median_ms": float(np.median(full)),
+                    "full_median_cpu_ms": float(np.median(full_cpu)),
+                    "full_max_ms": float(np.max(full)),
+                    "full_warm_median_ms": float(np.median(warm)),
                     "layout": sched.current,
                 }
             )
@@ -265,23 +295,29 @@ def cuda_sync_check() -> dict:
         dev = torch.device("cuda", 0)
         bal = Balancer("g1n1", COST, num_heads=8, device=dev)
         bal.plan_step([300, 200, 50])
-        x = torch.randn(550, 8 * 64, device=dev, dtype=torch.bfloat16)
+        x = torch.randn(550, 8 * 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
 
         def layer() -> None:
             q = bal.route(x).view(-1, 8, 64)
-            bal.reverse_route(bal.attention(q, q, q).reshape(-1, 8 * 64))
+            y = bal.reverse_route(bal.attention(q, q, q).reshape(-1, 8 * 64))
+            y.float().sum().backward()
 
-        layer()  # first pass: the step's index tables are copied to the device once per step
+        layer()  # warm-up: kernels, allocator, communicator
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            layer()
-            status = "ok: no synchronizing CUDA call"
-        except RuntimeError as exc:
-            status = f"sync found: {exc}"
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        return {"status": status}
+        status = {}
+        for case in ("same plan", "new plan"):
+            if case == "new plan":  # host only; the next call uploads the step's tables
+                bal.plan_step([300, 200, 50])
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                layer()
+                status[case] = "ok: no synchronizing CUDA call"
+            except RuntimeError as exc:
+                status[case] = f"sync found: {exc}"
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return {"status": "; ".join(f"{k}: {v}" for k, v in status.items())}
     finally:
         dist.destroy_process_group()
 
@@ -365,13 +401,16 @@ def main() -> None:
         f"worse {g['worse']}, equal {g['equal']}, better {g['better']} "
         f"(largest gain {g['largest_gain']:.2%})"
     )
-    print(f"\n{'auto decision (32 GPUs)':24s} {'seqs':>5s} {'steady ms':>9s} {'p90':>6s} "
-          f"{'changes':>7s} {'full ms':>8s}  layout")  # fmt: skip
+    print(f"\n{'auto decision (32 GPUs)':24s} {'seqs':>5s} {'steady ms':>9s} {'cpu':>6s} "
+          f"{'p90':>6s} {'changes':>7s} {'first ms':>8s} {'cpu':>6s} {'max':>6s} "
+          f"{'warm':>6s}  layout")  # fmt: skip
     for r in out["auto"]:
         print(
             f"{r['mixture']:24s} {r['num_sequences']:5d} {r['steady_median_ms']:9.2f} "
-            f"{r['steady_p90_ms']:6.2f} {r['steady_layout_changes']:7d} "
-            f"{r['full_median_ms']:8.2f}  {r['layout']}"
+            f"{r['steady_median_cpu_ms']:6.2f} {r['steady_p90_ms']:6.2f} "
+            f"{r['steady_layout_changes']:7d} {r['full_median_ms']:8.2f} "
+            f"{r['full_median_cpu_ms']:6.2f} {r['full_max_ms']:6.2f} "
+            f"{r['full_warm_median_ms']:6.2f}  {r['layout']}"
         )
     r = out["replica"]
     print(

@@ -1,50 +1,124 @@
-"""Renderer speed: compiled (numba) CPU rasteriser vs. the pure-PyTorch reference.
+"""Renderer speed: the compiled (numba) CPU rasteriser, against the code of a baseline commit.
 
-Scenes: the procedural demo asset (splatpainter.assets.procedural) seen from an orbit camera;
-20k Gaussians at 256x256 (forward, forward+backward, per-stage profile, peak memory, speedup
-over the reference) and 200k Gaussians at 512x512 (forward). Runs on --threads cores.
-Timings are medians over --repeats runs after one warm-up (which also loads/compiles kernels);
-``*_cpu_ms`` is the process CPU time (all threads), a contention-free estimate is cpu/threads.
+Scenes (each rendered by this checkout's renderer, "new", and by the renderer of the baseline
+git revision, "old", loaded from ``git show REV:src/splatpainter/render/*.py`` into a temporary
+package, so the ratios come from one run on the same machine state):
 
-    python benchmarks/render_speed.py [--json] [--repeats 5] [--threads 2]
+- ``20k_256``: the procedural demo asset, 20k Gaussians, orbit camera, 256x256: forward,
+  forward+backward, tile intersections, per-stage profile (new), speedup over the reference.
+- ``inside_512``: a camera inside a real-scale scene (a synthetic 10 x 8 x 4 m room with 1M
+  fuzzy, anisotropic, semi-transparent Gaussians on its walls and furniture, floaters
+  everywhere, some within 0.2 m of the camera; INRIA-like statistics), 512x512, forward.
+- ``1m_1024``: the demo asset with 1M Gaussians, orbit camera, 1024x1024, forward.
+
+The two large scenes run in a child process per implementation so that each reports its own
+peak resident memory (``ru_maxrss``, which includes ~300 MB of imported torch/numba, and the
+high-water mark before the render, from building the scene), and in a third child ("ab")
+that runs old and new alternately for the timing ratio. Timings are the best and the median
+of --repeats runs after one warm-up (which also compiles), in wall and process-CPU time (all
+threads); on a shared CPU compare the interleaved old/new ratios, not the absolute figures.
+
+    python benchmarks/render_speed.py [--json] [--repeats 5] [--threads 2] [--baseline REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
-import math
 import os
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-import tracemalloc
+from pathlib import Path
 
 # libgomp threads (numba's "omp" layer and torch) spin while waiting at barriers; on a shared,
 # oversubscribed machine that burns the cores other threads need. Must be set before import.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE_REV = "23ed0fb"  # the renderer before issue 12 (square 3-sigma boxes, near 0.01)
+RENDER_FILES = (
+    "__init__",
+    "api",
+    "fast",
+    "project",
+    "reference",
+    "gsplat_backend",
+    "_kernels",
+    "_kernels_proj",
+)
 
-def _ms(fn, repeats: int) -> float:
-    return _wall_cpu_ms(fn, repeats)[0]
+
+def baseline_dir(rev: str) -> Path:
+    """A per-revision folder outside the repository, kept so numba's cache is reused."""
+    return Path(tempfile.gettempdir()) / f"splatpainter_render_baseline_{rev}"
 
 
-def _wall_cpu_ms(fn, repeats: int) -> tuple[float, float]:
-    """Median wall and process-CPU milliseconds (CPU sums all threads of this process).
+def load_baseline(rev: str, dest: Path):
+    """Import the renderer package of git revision ``rev`` as ``sp_render_baseline``."""
+    pkg = dest / "sp_render_baseline"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for name in RENDER_FILES:
+        src = subprocess.run(
+            ["git", "show", f"{rev}:src/splatpainter/render/{name}.py"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        text = src.replace("splatpainter.render", "sp_render_baseline")
+        path = pkg / f"{name}.py"
+        if not path.exists() or path.read_text() != text:  # unchanged files keep numba's cache
+            path.write_text(text)
+    sys.path.insert(0, str(dest))
+    return importlib.import_module("sp_render_baseline")
 
-    On a shared machine wall time includes waiting for cores; CPU time does not.
-    """
-    fn()  # warm-up
+
+def _times(fn, repeats: int) -> dict[str, float]:
+    """Best and median wall ms, and median process-CPU ms (all threads), after a warm-up."""
+    fn()
     wall, cpu = [], []
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         fn()
         wall.append(1e3 * (time.perf_counter() - t0))
         cpu.append(1e3 * (time.process_time() - c0))
-    return statistics.median(wall), statistics.median(cpu)
+    return {
+        "best_ms": min(wall),
+        "median_ms": statistics.median(wall),
+        "cpu_ms": statistics.median(cpu),
+    }
 
 
-def _scene(n: int, size: int, sh_degree: int, seed: int = 0):
+def interleaved(fns: dict, repeats: int) -> dict[str, dict[str, float]]:
+    """Time several functions alternately (one warm-up each), so that a shared machine's
+    varying load hits them alike; best/median wall ms and best/median process-CPU ms."""
+    for fn in fns.values():
+        fn()
+    wall: dict = {k: [] for k in fns}
+    cpu: dict = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall[k].append(1e3 * (time.perf_counter() - t0))
+            cpu[k].append(1e3 * (time.process_time() - c0))
+    return {
+        k: {
+            "best_ms": min(wall[k]),
+            "median_ms": statistics.median(wall[k]),
+            "best_cpu_ms": min(cpu[k]),
+            "median_cpu_ms": statistics.median(cpu[k]),
+        }
+        for k in fns
+    }
+
+
+def demo_scene(n: int, size: int, sh_degree: int, seed: int = 0):
     import torch
 
     from splatpainter.assets.procedural import make_demo_asset
@@ -59,166 +133,298 @@ def _scene(n: int, size: int, sh_degree: int, seed: int = 0):
     return asset, cam
 
 
+def room_scene(n: int, size: int, sh_degree: int, seed: int = 0):
+    """A camera inside a synthetic real-scale room (metres), INRIA-like Gaussian statistics."""
+    import torch
+
+    from splatpainter.assets.gaussians import GaussianAsset
+    from splatpainter.camera import Camera
+
+    g = torch.Generator().manual_seed(seed)
+    lo = torch.tensor([-5.0, -4.0, 0.0])
+    hi = torch.tensor([5.0, 4.0, 4.0])
+    n_float = n // 20
+    n_furn = n // 5
+    n_wall = n - n_float - n_furn
+    # walls, floor, ceiling: pick a face, a uniform point on it
+    pts = lo + (hi - lo) * torch.rand(n_wall, 3, generator=g)
+    face = torch.randint(0, 6, (n_wall,), generator=g)
+    axis, side = face // 2, face % 2
+    pts[torch.arange(n_wall), axis] = torch.where(side == 0, lo[axis], hi[axis])
+    # furniture: boxes on the floor, points on their surfaces
+    centers = torch.rand(12, 3, generator=g) * torch.tensor([8.0, 6.0, 0.0]) - torch.tensor(
+        [4.0, 3.0, 0.0]
+    )
+    half = torch.rand(12, 3, generator=g) * torch.tensor([0.6, 0.6, 0.5]) + 0.2
+    centers[:, 2] = half[:, 2]
+    which = torch.randint(0, 12, (n_furn,), generator=g)
+    u = torch.rand(n_furn, 3, generator=g) * 2 - 1
+    ax = torch.randint(0, 3, (n_furn,), generator=g)
+    u[torch.arange(n_furn), ax] = torch.sign(u[torch.arange(n_furn), ax])
+    furn = centers[which] + u * half[which]
+    floaters = lo + (hi - lo) * torch.rand(n_float, 3, generator=g)
+    eye = torch.tensor([0.3, -0.5, 1.6])
+    near = eye + torch.randn(200, 3, generator=g) * 0.3  # floaters around the camera
+    means = torch.cat([pts, furn, floaters[: n_float - 200], near])
+    log_scales = torch.log(torch.tensor(0.015)) + 0.8 * torch.randn(n, 3, generator=g)
+    log_scales[:, 2] -= 1.0  # flattish splats
+    logits = torch.randn(n, generator=g) * 2.5
+    k = (sh_degree + 1) ** 2
+    sh = torch.randn(n, k, 3, generator=g) * 0.1
+    sh[:, 0] = (torch.rand(n, 3, generator=g) - 0.5) * 3.0
+    asset = GaussianAsset(
+        means=means,
+        quats=torch.randn(n, 4, generator=g),
+        log_scales=log_scales,
+        opacity_logits=logits,
+        sh=sh,
+    )
+    cam = Camera.look_at(eye, (4.0, 2.0, 1.2), width=size, height=size, fov_y_deg=60.0)
+    return asset, cam
+
+
 def _params(asset):
     names = ("means", "quats", "log_scales", "opacity_logits", "sh")
     return [getattr(asset, k).detach().clone().requires_grad_(True) for k in names]
 
 
-def _forward(params, cam, backend):
-    from splatpainter.render import rasterize
-
-    return rasterize(*params, cam.world_to_cam, cam.K(), cam.width, cam.height, backend=backend)
+def _forward(mod, params, cam, backend="numba"):
+    return mod.rasterize(*params, cam.world_to_cam, cam.K(), cam.width, cam.height, backend=backend)
 
 
-def _fwd_bwd(params, cam, backend):
-    out = _forward(params, cam, backend)
+def _fwd_bwd(mod, params, cam, backend="numba"):
+    out = _forward(mod, params, cam, backend)
     (out.rgb.sum() + out.alpha.sum() + 0.1 * out.depth.sum()).backward()
     for p in params:
         p.grad = None
     return out
 
 
-def profile_stages(params, cam, repeats: int, with_torch: bool = True) -> dict[str, float]:
-    """Median wall milliseconds of each stage of the numba path (forward and backward)."""
+def intersections(mod, params, cam) -> int:
+    """Tile intersections (Gaussian, tile) pairs of a renderer package's binning."""
+    import torch
+
+    w, h = cam.width, cam.height
+    with torch.no_grad():
+        means, quats, log_scales, logits, _ = params
+        fast = importlib.import_module(mod.__name__ + ".fast")
+        if hasattr(fast, "proj_opts"):  # the new renderer: opacity-aware, per-axis boxes
+            proj = fast.project_numba(
+                means, quats, log_scales, cam.world_to_cam, cam.K(), w, h,
+                opacities=torch.sigmoid(logits),
+            )  # fmt: skip
+            _, ids, _ = fast.bin_tiles(proj.means2d, proj.extents, proj.depths, w, h)
+        else:
+            proj = fast.project_numba(means, quats, log_scales, cam.world_to_cam, cam.K(), w, h)
+            _, ids, _ = fast.bin_tiles(proj.means2d, proj.radii, proj.depths, w, h)
+    return len(ids)
+
+
+def profile_stages(params, cam, repeats: int) -> dict[str, float]:
+    """Median wall milliseconds of each stage of this checkout's numba path."""
     import numpy as np
     import torch
 
     from splatpainter.render import _kernels as kern
     from splatpainter.render import _kernels_proj as kproj
+    from splatpainter.render import fast, project
     from splatpainter.render.fast import _intrinsics, _np32, _np64, bin_tiles
-    from splatpainter.render.project import camera_center, project_gaussians, sh_to_color
 
     means, quats, log_scales, logits, sh = params
     w2c, K, w, h = cam.world_to_cam, cam.K(), cam.width, cam.height
-    deg = math.isqrt(sh.shape[1]) - 1
+    deg = round(sh.shape[1] ** 0.5) - 1
     n = means.shape[0]
     st: dict[str, float] = {}
+
+    def ms(fn):
+        return _times(fn, repeats)["median_ms"]
+
     geo = (_np32(means), _np32(quats), _np32(log_scales))
-    camargs = (_np64(w2c), _intrinsics(K), w, h)
-    campos = _np64(camera_center(w2c.double()))
-    sh32 = _np32(sh)
-    st["project_fwd"] = _ms(lambda: kproj.project_forward(*geo, *camargs), repeats)
-    st["sh_fwd"] = _ms(lambda: kproj.sh_forward(geo[0], sh32, campos, deg), repeats)
-    means2d, conics, depths, radii = kproj.project_forward(*geo, *camargs)
-    col = kproj.sh_forward(geo[0], sh32, campos, deg)
-    t2d = [torch.from_numpy(x) for x in (means2d, depths, radii)]
-    st["bin_and_sort"] = _ms(lambda: bin_tiles(t2d[0], t2d[2], t2d[1], w, h), repeats)
-    off, ids, tx = bin_tiles(t2d[0], t2d[2], t2d[1], w, h)
     opac = _np32(torch.sigmoid(logits))
-    st["pack"] = _ms(lambda: kern.pack_rows(ids, means2d, conics, col, opac, depths), repeats)
-    packed = kern.pack_rows(ids, means2d, conics, col, opac, depths)
-    bg = np.zeros(3, np.float32)
-    st["raster_fwd"] = _ms(lambda: kern.raster_forward(packed, off, w, h, tx, bg), repeats)
-    res = kern.raster_forward(packed, off, w, h, tx, bg)
+    camargs = (_np64(w2c), _intrinsics(K), w, h, fast.proj_opts())
+    campos = _np64(project.camera_center(w2c.double()))
+    sh32, shc = _np32(sh), fast.sh_consts()
+    st["project_fwd"] = ms(lambda: kproj.project_forward(*geo, opac, *camargs))
+    means2d, conics, depths, ext, _ = kproj.project_forward(*geo, opac, *camargs)
+    vis = ext[:, 0] > 0
+    st["sh_fwd"] = ms(lambda: kproj.sh_forward(geo[0], sh32, campos, deg, shc, vis))
+    col = kproj.sh_forward(geo[0], sh32, campos, deg, shc, vis)
+    t2d = [torch.from_numpy(x) for x in (means2d, depths, ext)]
+    st["bin_and_sort"] = ms(lambda: bin_tiles(t2d[0], t2d[2], t2d[1], w, h))
+    off, ids, tx = bin_tiles(t2d[0], t2d[2], t2d[1], w, h)
+    amin = float(project.ALPHA_MIN)
+    st["pack"] = ms(lambda: kern.pack_rows(ids, means2d, conics, col, opac, depths, amin))
+    packed = kern.pack_rows(ids, means2d, conics, col, opac, depths, amin)
+    bg, thr, tile = np.zeros(3, np.float32), fast.raster_thresholds(), project.TILE
+    st["raster_fwd"] = ms(lambda: kern.raster_forward(packed, off, w, h, tile, tx, bg, thr))
+    res = kern.raster_forward(packed, off, w, h, tile, tx, bg, thr)
     g3, g1 = np.ones((h, w, 3), np.float32), np.ones((h, w), np.float32)
-    args = (packed, off, w, h, tx, bg, res[3], res[4], g3, g1, g1)
-    st["raster_bwd"] = _ms(lambda: kern.raster_backward(*args), repeats)
+    args = (packed, off, w, h, tile, tx, bg, thr, res[3], res[4], g3, g1, g1)
+    st["raster_bwd"] = ms(lambda: kern.raster_backward(*args))
     rows = kern.raster_backward(*args)
-    st["reduce_grads"] = _ms(lambda: kern.reduce_grads(ids, rows, n), repeats)
+    st["reduce_grads"] = ms(lambda: kern.reduce_grads(ids, rows, n))
     per_g = kern.reduce_grads(ids, rows, n)
-    v2d, vcon, vcol, vdep = (
-        per_g[:, 0:2].copy(),
-        per_g[:, 2:5].copy(),
-        per_g[:, 5:8].copy(),
-        per_g[:, 9].copy(),
+    v2d, vcon, vcol = per_g[:, 0:2].copy(), per_g[:, 2:5].copy(), per_g[:, 5:8].copy()
+    vdep, vcomp = per_g[:, 9].copy(), np.zeros(n, np.float32)
+    st["project_bwd"] = ms(
+        lambda: kproj.project_backward(*geo, *camargs, ext, v2d, vcon, vdep, vcomp)
     )
-    st["project_bwd"] = _ms(
-        lambda: kproj.project_backward(*geo, *camargs, radii, v2d, vcon, vdep), repeats
-    )
-    st["sh_bwd"] = _ms(lambda: kproj.sh_backward(geo[0], sh32, campos, deg, vcol), repeats)
-
-    def torch_stages_fwd_bwd():  # the vectorised-PyTorch alternative for the same two stages
-        proj = project_gaussians(means, quats, log_scales, w2c, K, w, h)
-        colors = sh_to_color(means, sh, w2c, deg)
-        loss = proj.means2d.sum() + proj.conics.sum() + proj.depths.sum() + colors.sum()
-        loss.backward()
-        for p in params:
-            p.grad = None
-
-    if with_torch:
-        st["torch_autograd_project_sh_fwd_bwd"] = _ms(torch_stages_fwd_bwd, repeats)
-    st["intersections"] = float(len(ids))
-    st["visible_gaussians"] = float((radii > 0).sum())
+    st["sh_bwd"] = ms(lambda: kproj.sh_backward(geo[0], sh32, campos, deg, shc, vis, vcol))
+    st["visible_gaussians"] = float((ext[:, 0] > 0).sum())
     return st
+
+
+def child(scene: str, impl: str, rev: str, repeats: int, threads: int, sh_degree: int) -> dict:
+    """One large scene with one implementation (run in its own process for its peak RSS)."""
+    import numba
+    import torch
+
+    torch.set_num_threads(threads)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    if scene == "inside_512":
+        asset, cam = room_scene(1_000_000, 512, sh_degree)
+    else:
+        asset, cam = demo_scene(1_000_000, 1024, sh_degree)
+    params = _params(asset)
+    del asset
+    new = importlib.import_module("splatpainter.render")
+    if impl == "ab":  # both renderers in one process, alternately: the timing ratio
+        old = load_baseline(rev, baseline_dir(rev))
+        with torch.no_grad():
+            t = interleaved(
+                {
+                    "old": lambda: _forward(old, params, cam),
+                    "new": lambda: _forward(new, params, cam),
+                },
+                repeats,
+            )
+        return t
+    mod = load_baseline(rev, baseline_dir(rev)) if impl == "old" else new
+    res: dict = {
+        "rss_mb_before_render": _rss_now_mb(),
+        # the high-water mark so far (building a 1M scene has its own peak)
+        "maxrss_mb_before_render": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    with torch.no_grad():
+        res["fwd"] = _times(lambda: _forward(mod, params, cam), repeats)
+    res["intersections"] = intersections(mod, params, cam)
+    res["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if impl == "new":  # after the peak was read: the profile keeps extra buffers alive
+        res["stages_ms"] = profile_stages(params, cam, 1)
+    return res
+
+
+def _rss_now_mb() -> float:
+    """Current resident memory (Linux /proc), to tell the scene's share of the peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--large-repeats", type=int, default=2, help="repeats of the 1M scenes")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sh-degree", type=int, default=3)
-    ap.add_argument("--skip-large", action="store_true", help="skip the 200k / 512x512 scene")
+    ap.add_argument("--baseline", default=BASELINE_REV, help="git revision to compare against")
+    ap.add_argument("--skip-large", action="store_true", help="skip the two 1M scenes")
     ap.add_argument("--skip-reference", action="store_true")
+    ap.add_argument("--child", nargs=2, metavar=("SCENE", "IMPL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+
+    if args.child:
+        r = child(*args.child, args.baseline, args.large_repeats, args.threads, args.sh_degree)
+        print(json.dumps(r))
+        return
 
     import numba
     import torch
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     res: dict = {"threads": args.threads, "sh_degree": args.sh_degree, "repeats": args.repeats}
-    res["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
-    res["numba_threading_layer"] = ""
-
-    asset, cam = _scene(20_000, 256, args.sh_degree)
-    params = _params(asset)
+    res["baseline_rev"] = args.baseline
     res["loadavg_1min_at_start"] = os.getloadavg()[0]
+    res["cpu_count"] = os.cpu_count()
+    new = importlib.import_module("splatpainter.render")
+    old = load_baseline(args.baseline, baseline_dir(args.baseline))
+    asset, cam = demo_scene(20_000, 256, args.sh_degree)
+    params = _params(asset)
+    small: dict = {}
     with torch.no_grad():
-        wall, cpu = _wall_cpu_ms(lambda: _forward(params, cam, "numba"), args.repeats)
-    res["fwd_ms_20k_256"], res["fwd_cpu_ms_20k_256"] = wall, cpu
-    wall, cpu = _wall_cpu_ms(lambda: _fwd_bwd(params, cam, "numba"), args.repeats)
-    res["fwd_bwd_ms_20k_256"], res["fwd_bwd_cpu_ms_20k_256"] = wall, cpu
-    out = _forward(params, cam, "numba")
-    res["coverage_20k_256"] = float((out.alpha > 0.5).float().mean())
+        t = interleaved(
+            {"old": lambda: _forward(old, params, cam), "new": lambda: _forward(new, params, cam)},
+            args.repeats,
+        )
+    small["old_fwd"], small["new_fwd"] = t["old"], t["new"]
+    t = interleaved(
+        {"old": lambda: _fwd_bwd(old, params, cam), "new": lambda: _fwd_bwd(new, params, cam)},
+        args.repeats,
+    )
+    small["old_fwd_bwd"], small["new_fwd_bwd"] = t["old"], t["new"]
+    for name, mod in (("old", old), ("new", new)):
+        small[f"{name}_intersections"] = intersections(mod, params, cam)
+    for k in ("fwd", "fwd_bwd"):
+        for m in ("best_ms", "best_cpu_ms"):
+            small[f"ratio_{k}_{m}_new_over_old"] = small[f"new_{k}"][m] / small[f"old_{k}"][m]
+    small["intersections_ratio_new_over_old"] = (
+        small["new_intersections"] / small["old_intersections"]
+    )
     res["numba_threading_layer"] = numba.threading_layer()
-    tracemalloc.start()
-    _fwd_bwd(params, cam, "numba")
-    # tracemalloc sees numpy/Python allocations only (not torch's or numba's runtime);
-    # ru_maxrss is the process peak (includes the ~270 MB of imported torch/numba).
-    res["tracemalloc_peak_mb_fwd_bwd_20k"] = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
-    res["maxrss_mb_after_20k"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    res["maxrss_mb_before_scene"] = rss0
-    res["stages_ms_20k_256"] = profile_stages(params, cam, args.repeats)
-
-    if not args.skip_large:
-        big_asset, big_cam = _scene(200_000, 512, args.sh_degree)
-        big = _params(big_asset)
-        with torch.no_grad():
-            wall, cpu = _wall_cpu_ms(lambda: _forward(big, big_cam, "numba"), args.repeats)
-        res["fwd_ms_200k_512"], res["fwd_cpu_ms_200k_512"] = wall, cpu
-        res["fwd_bwd_ms_200k_512"] = _ms(lambda: _fwd_bwd(big, big_cam, "numba"), 2)
-        res["maxrss_mb_after_200k"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        res["stages_ms_200k_512"] = profile_stages(big, big_cam, 2, with_torch=False)
-
-        del big, big_asset
+    small["stages_ms_new"] = profile_stages(params, cam, args.repeats)
     if not args.skip_reference:
         t0 = time.perf_counter()
         with torch.no_grad():
-            _forward(params, cam, "reference")
-        ref_f = 1e3 * (time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        _fwd_bwd(params, cam, "reference")
-        ref_fb = 1e3 * (time.perf_counter() - t0)
-        res["reference_fwd_ms_20k_256"] = ref_f
-        res["reference_fwd_bwd_ms_20k_256"] = ref_fb
-        res["speedup_fwd"] = ref_f / res["fwd_ms_20k_256"]
-        res["speedup_fwd_bwd"] = ref_fb / res["fwd_bwd_ms_20k_256"]
-        res["maxrss_mb_after_reference"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            _forward(new, params, cam, "reference")
+        small["reference_fwd_ms"] = 1e3 * (time.perf_counter() - t0)
+        small["speedup_fwd_over_reference"] = (
+            small["reference_fwd_ms"] / small["new_fwd"]["best_ms"]
+        )
+    res["20k_256"] = small
+
+    for scene in () if args.skip_large else ("inside_512", "1m_1024"):
+        entry: dict = {}
+        for impl in ("old", "new", "ab"):
+            cmd = [sys.executable, __file__, "--child", scene, impl, "--baseline", args.baseline]
+            cmd += ["--large-repeats", str(args.large_repeats), "--threads", str(args.threads)]
+            cmd += ["--sh-degree", str(args.sh_degree)]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            if out.returncode != 0:
+                entry[impl] = {"error": out.stderr.strip().splitlines()[-1:]}
+                continue
+            entry[impl] = json.loads(out.stdout.strip().splitlines()[-1])
+        ab = entry.get("ab", {})
+        if "old" in ab and "new" in ab:  # from the interleaved run
+            for m in ("best_ms", "best_cpu_ms"):
+                entry[f"ratio_fwd_{m}_new_over_old"] = ab["new"][m] / ab["old"][m]
+        if "intersections" in entry.get("old", {}) and "intersections" in entry.get("new", {}):
+            entry["intersections_ratio_new_over_old"] = (
+                entry["new"]["intersections"] / entry["old"]["intersections"]
+            )
+        res[scene] = entry
 
     res["loadavg_1min_at_end"] = os.getloadavg()[0]
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    for k, v in res.items():
+    _print(res)
+
+
+def _print(d: dict, indent: int = 0) -> None:
+    for k, v in d.items():
         if isinstance(v, dict):
-            print(k)
-            for kk, vv in v.items():
-                print(f"    {kk:40s} {vv:10.2f}")
+            print(" " * indent + str(k))
+            _print(v, indent + 4)
+        elif isinstance(v, float):
+            print(" " * indent + f"{k:40s} {v:12.3f}")
         else:
-            print(f"{k:40s} {v:10.2f}" if isinstance(v, float) else f"{k:40s} {v}")
+            print(" " * indent + f"{k:40s} {v}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Measured per-rank balance of MMDiT training: no balancer vs a fixed spec vs auto (gloo, CPU).
 
     .venv/bin/python benchmarks/train_balance.py [--world-sizes 2,4] [--steps 20] [--json]
+        [--set SECTION.KEY=VALUE ...]   (config overrides, e.g. model.d_model=256)
 
 For each world size the same data (a skewed image+video mixture scaled to the CPU) is trained
 three ways side by side in the same ranks (gloo, spawned, one thread each), with the trainer's own
@@ -41,6 +42,12 @@ CODES = {
     4: "g3b3i128f1s0,g1b1i128f68s1",
 }
 FIXED = {2: "g2n1", 4: "g4n1"}
+#: Config overrides (``--set``) applied by default: none, configs/tiny.toml as it is. At its
+#: d_model 128 the per-call overheads of the Ulysses path (agreement all-gathers, relayout copies,
+#: one SDPA call per sequence per rank) are ~20-25% of a balanced rank's time on uniform data,
+#: which the modelled ideal does not contain; ``--set model.d_model=256 --set
+#: "model.axes_dim=[16, 24, 24]"`` measures a wider model.
+DEFAULT_SETS: list[str] = []
 
 
 def _rank_main(rank: int, world: int, cfg: Any, modes: list[str], rdzv: str, out: str) -> None:
@@ -101,7 +108,13 @@ def _rank_main(rank: int, world: int, cfg: Any, modes: list[str], rdzv: str, out
 
 
 def _run_world(
-    cfg_path: Path, world: int, modes: list[str], steps: int, cost: str, tmp: Path
+    cfg_path: Path,
+    world: int,
+    modes: list[str],
+    steps: int,
+    cost: str,
+    tmp: Path,
+    sets: list[str],
 ) -> dict[str, list[dict]]:
     import torch.multiprocessing as mp
 
@@ -109,7 +122,8 @@ def _run_world(
     from knapformer.train.launch import flag_overrides
 
     cfg = load_config(
-        cfg_path, flag_overrides(steps=steps, data_codes=CODES[world], cost=cost, progress=False)
+        cfg_path,
+        flag_overrides(steps=steps, data_codes=CODES[world], cost=cost, progress=False, sets=sets),
     )
     out = tmp / f"world{world}.json"
     mp.start_processes(
@@ -171,8 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures")
     ap.add_argument("--cost", default="calibrate", help="calibrate | flops | PROFILE.json")
+    ap.add_argument(
+        "--set",
+        action="append",
+        dest="sets",
+        metavar="SECTION.KEY=VALUE",
+        help="config override, e.g. model.d_model=256 (repeatable)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    sets = DEFAULT_SETS if args.sets is None else args.sets
     worlds = [int(w) for w in args.world_sizes.split(",") if w.strip()]
     bad = [w for w in worlds if w not in CODES]
     if bad or args.steps <= args.warmup:
@@ -185,10 +207,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from knapformer.train.config import load_config
     from knapformer.train.costs import calibrate_blocks
+    from knapformer.train.launch import flag_overrides
 
     say = (lambda *_a: None) if args.json else print
     t0 = time.perf_counter()
-    result: dict[str, Any] = {"config": args.config, "steps": args.steps, "warmup": args.warmup}
+    result: dict[str, Any] = {
+        "config": args.config,
+        "overrides": sets,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
     with tempfile.TemporaryDirectory(prefix="kf-train-balance-") as tmp:
         cost = args.cost
         if cost == "calibrate":
@@ -197,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             from knapformer.data.synthetic import SyntheticMixture
 
             torch.set_num_threads(1)
-            mcfg = load_config(args.config).model_config()
+            mcfg = load_config(args.config, flag_overrides(sets=sets)).model_config()
             longest = max(
                 max(SyntheticMixture(CODES[w], mcfg, w).lengths(s, r))
                 for w in worlds
@@ -226,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             task = prog.add_task("interleaved runs per world size", total=len(worlds))
             for w in worlds:
                 modes = ["none", FIXED[w], "auto"]
-                recs = _run_world(Path(args.config), w, modes, args.steps, cost, Path(tmp))
+                recs = _run_world(Path(args.config), w, modes, args.steps, cost, Path(tmp), sets)
                 step_model = _step_model(recs["none"], args.warmup)
                 result.setdefault("step_model", {})[str(w)] = {
                     "per_rank_overhead_s": step_model[0],
@@ -263,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.steps} steps (first {args.warmup} left out), cost {args.cost}")
+    print(
+        f"{args.config} with {' '.join(sets) or 'no overrides'}: {args.steps} steps "
+        f"(first {args.warmup} left out), cost {args.cost}"
+    )
     print(
         f"{'world':>5} {'balancer':>9} {'layouts':>18} {'cpu max/mean':>12} {'modelled':>9} "
         f"{'ratio vs none':>13} {'ideal':>6} {'of ideal':>8} {'loss rel diff':>13} "

@@ -5,7 +5,9 @@
 #
 # CUDA-only tests live in tests/**/test_*_cuda.py (skipped on machines without a GPU): varlen
 # attention on CUDA (flash-attn varlen or torch's varlen_attn) against the exact SDPA path, no
-# host-device sync added per balanced attention call, and the trainer on one GPU with NCCL/bf16.
+# host-device sync in route, attention and reverse_route (forward and backward, with the same
+# plan and right after a new plan_step; CPU twin: tests/knapformer/test_kf_host_sync.py), and the
+# trainer on one GPU with NCCL/bf16. Then the planner benchmark's CUDA sync check.
 # The timing runs one MMDiT forward+backward per sequence length in bf16 and prints ms and
 # achieved TFLOP/s (6 * the paper's per-block FLOP model, so attention is counted).
 set -euo pipefail
@@ -24,6 +26,16 @@ PYEOF
 echo "== CUDA-only tests"
 mapfile -t CUDA_TESTS < <(find tests -name 'test_*_cuda.py' | sort)
 timeout 300 "$PY" -m pytest -p no:xdist -q -p no:cacheprovider "${CUDA_TESTS[@]}"
+
+echo "== planner benchmark: CUDA sync check"
+timeout 60 "$PY" - <<'PYEOF'
+import sys
+sys.path.insert(0, "benchmarks")
+from planner_speed import cuda_sync_check
+status = cuda_sync_check()["status"]
+print(status)
+assert "sync found" not in status, status
+PYEOF
 
 echo "== timing (bf16, one sequence per step)"
 timeout 150 "$PY" - <<'PYEOF'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup of a local virtual environment in .venv.
 #
-#   bash scripts/setup.sh [EXTRAS]      EXTRAS defaults to "knapformer,splatpainter,dev"
+#   bash scripts/setup.sh [EXTRAS]      EXTRAS defaults to "knapformer,splatpainter,web,dev"
 #
 # torch is installed first: torch==2.13.0 (the CPU build) unless .venv already
 # holds a torch (e.g. a CUDA build you installed yourself), which is then kept.
@@ -9,7 +9,7 @@
 # dependency can swap it for a multi-GB CUDA download.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="${1:-knapformer,splatpainter,dev}"
+EXTRAS="${1:-knapformer,splatpainter,web,dev}"
 PY="${PYTHON:-python3}"
 VENV=.venv
 TORCH_DEFAULT="2.13.0"

@@ -18,7 +18,6 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -174,6 +173,19 @@ class Camera:
             cy=self.cy * sy,
         )
 
+    def cropped(self, x0: int, y0: int, width: int, height: int) -> Camera:
+        """The pixels [y0, y0 + height) x [x0, x0 + width) of this view, as a camera of their own
+        (same rays, so a render of it equals that window of this camera's render)."""
+        if not (x0 >= 0 and y0 >= 0 and width >= 1 and height >= 1):
+            raise CameraError(f"crop window ({x0}, {y0}, {width}, {height}) is empty or negative")
+        if x0 + width > self.width or y0 + height > self.height:
+            raise CameraError(
+                f"crop window ({x0}, {y0}, {width}, {height}) exceeds {self.width}x{self.height}"
+            )
+        return dataclasses.replace(
+            self, width=width, height=height, cx=self.cx - x0, cy=self.cy - y0
+        )
+
     # ----------------------------------------------------------------- geometry
     def world_to_camera_points(self, points: torch.Tensor) -> torch.Tensor:
         return points @ self.R.to(points).T + self.t.to(points)
@@ -294,10 +306,12 @@ class Camera:
     def from_json(cls, text: str | bytes | dict[str, Any]) -> Camera:
         if isinstance(text, dict):
             return cls.from_dict(text)
+        from appshell.inputs import InputFileError, loads_json
+
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CameraError(f"not valid JSON: {e}") from None
+            data = loads_json(text, source="camera")
+        except InputFileError as e:
+            raise CameraError(str(e)) from None
         return cls.from_dict(data)
 
 
@@ -519,14 +533,12 @@ def _camera_from_any_inria(d: Any, i: int) -> Camera:
 
 
 def _read_json(path: str | os.PathLike[str]) -> Any:
+    from appshell.inputs import InputFileError, load_json
+
     try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise CameraError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CameraError(f"{path}: not valid JSON ({e})") from None
+        return load_json(path, what="camera JSON file")
+    except InputFileError as e:
+        raise CameraError(str(e)) from None
 
 
 def load_cameras(path: str | os.PathLike[str]) -> list[Camera]:

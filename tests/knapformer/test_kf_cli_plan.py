@@ -96,7 +96,7 @@ def test_exact_and_budget(small: Path):
         ('{"ranks": [[1], [2], [3], [4]]}', ["--spec", "g1n4+"], "bad bag layout term"),
         ('{"ranks": [[1], [2], [3], [4]]}', ["--spec", "g4n1", "--heads", "6"], "num_heads"),
         ('{"ranks": [[1], [2], [3], [4]]}', ["--spec", "g4n1", "--gpus-per-node", "2"], "node"),
-        ('{"ranks": [[1], [2], [3], [4]]}', ["--spec", "g1n4", "--solver", "x"], "unknown solver"),
+        ('{"ranks": [[1], [2], [3], [4]]}', ["--spec", "g1n4", "--solver", "x"], "is not one of"),
         (
             '{"ranks": [[900], [2], [3], [4]]}',
             ["--spec", "g1n4", "--max-tokens-per-gpu", "10"],

@@ -2,7 +2,8 @@
 
 * varlen attention on CUDA (flash-attn varlen when installed, else torch's ``varlen_attn``)
   matches the exact per-sequence SDPA path;
-* a balanced attention call adds no host-device synchronisation (CUDA sync debug mode = error);
+* route, attention and reverse_route (and their backward) add no host-device synchronisation
+  (CUDA sync debug mode = error);
 * the trainer runs on one GPU with NCCL in bf16.
 """
 
@@ -30,37 +31,54 @@ def test_device_varlen_attention_matches_sdpa():
     torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
 
 
-def test_balanced_attention_adds_no_host_sync(tmp_path):
+def test_balanced_ops_add_no_host_sync(tmp_path):
+    """route, attention (Ulysses hooks + varlen attention, both shipped attention functions),
+    reverse_route and their backward, under ``set_sync_debug_mode("error")``, with the
+    ``"cpu:gloo,cuda:nccl"`` backend the README asks for (agreement on the CPU): on the second
+    step of a plan and, after a new ``plan_step``, on the first (pinned, non-blocking uploads
+    of the step's tables). The CPU twin is tests/knapformer/test_kf_host_sync.py."""
     import torch.distributed as dist
 
     from knapformer.distributed.balancer import Balancer
-    from knapformer.distributed.parallelize import BalancedAttention
+    from knapformer.models.mmdit import device_varlen_attention
     from knapformer.planning.cost import CostModel
 
     torch.cuda.set_device(0)
     dist.init_process_group(
-        "nccl",
+        "cpu:gloo,cuda:nccl",
         init_method=f"file://{tmp_path / 'rdzv'}",
         rank=0,
         world_size=1,
         timeout=datetime.timedelta(seconds=60),
     )
     try:
-        bal = Balancer("g1n1", CostModel.flops(256), num_heads=4)
+        bal = Balancer("g1n1", CostModel.flops(256), num_heads=4, device=torch.device("cuda", 0))
         lens = [100, 37, 512]
+        T = sum(lens)
+        x = torch.randn(T, 4 * 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        pos = torch.arange(T, device="cuda")
+
+        def layer() -> torch.Tensor:
+            y, p = bal.route(x, pos)
+            q = (y + p[:, None].to(y.dtype)).view(T, 4, 64)
+            a = bal.attention(q, q, q, attn_fn=device_varlen_attention)
+            z = bal.reverse_route(a.reshape(T, -1))
+            z.float().square().sum().backward()
+            return z
+
         bal.plan_step(lens)
-        attn = BalancedAttention(bal)
-        q, k, v = (
-            torch.randn(sum(lens), 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)
-        )
-        attn(q, k, v)  # first call of the step builds (and caches) the index tensors
+        layer()  # warm-up (kernels, allocator, NCCL communicator)
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            out = attn(q, k, v)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        assert out.shape == q.shape
+        for new_plan in (False, True):
+            if new_plan:
+                bal.plan_step(lens)  # host only: the tables are uploaded by the next call
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                z = layer()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            assert z.shape == (T, 4 * 64)
     finally:
         dist.destroy_process_group()
 

@@ -177,3 +177,36 @@ def test_auto_keeps_more_tokens_home_on_paper_mixture():
     assert not spans_nodes(lay, 8)
     assert ours.makespan <= plain.makespan * (1 + 1e-3)
     assert ours.tokens_moved_fraction <= plain.tokens_moved_fraction
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    world=st.sampled_from([16, 32]),
+    a2a=st.sampled_from([0.0, 2000.0]),
+    scale=st.sampled_from([1, 3]),
+)
+def test_pruned_choice_is_the_choice_over_every_candidate(seed, world, a2a, scale):
+    """The chooser skips candidates whose bounds show they cannot change the pick: the pick
+    equals the one over quick plans of every candidate, and every plan's share of split
+    tokens respects the lower bound used to skip (``sp_floor`` at its own makespan)."""
+    from knapformer.planning.auto import _pick, _Step
+
+    rng = np.random.default_rng(seed)
+    cost = CostModel.flops(3072, 1.0, a2a_flops_per_byte=a2a).scaled(57)
+    lengths = []
+    for _ in range(world):
+        n = int(rng.integers(0, 4 * scale))
+        img = (rng.choice([256, 512, 1024, 2048], n) // 16) ** 2
+        vid = rng.random(n) < 0.15
+        x = np.where(vid, img * rng.integers(4, 30, n), img) + rng.integers(0, 393, n)
+        lengths.append([int(v) for v in x])
+    sizes = allowed_bag_sizes(world, 24, 8)
+    pruned_step = _Step(lengths, world, 24, cost, sizes)
+    specs = candidate_specs(lengths, world, 24, 8, cost, table=pruned_step.table)
+    pruned = _pick(pruned_step.evaluate_best(specs))
+    full_step = _Step(lengths, world, 24, cost, sizes)
+    every = [full_step.evaluate(s) for s in specs]
+    assert pruned.spec == _pick(every).spec
+    for c in every:
+        assert c.sp_tokens_fraction >= full_step.sp_floor(c.spec, c.makespan) - 1e-12

@@ -101,8 +101,12 @@ def calibrate(
     measure_comm: bool = True,
     min_time_s: float = 0.25,
     log: Callable[[str], None] | None = None,
+    on_run: Callable[[int, int], None] | None = None,
 ) -> CalibrationReport:
-    """Time, fit and return a profile (not saved; see `CostModel.save`)."""
+    """Time, fit and return a profile (not saved; see `CostModel.save`).
+
+    ``on_run(done, total)`` reports the timed runs (for a progress bar).
+    """
     import torch
 
     from knapformer.calibration.comm import measure_all_to_all
@@ -141,7 +145,7 @@ def calibrate(
     torch.set_num_threads(threads)  # fixed for comparable timings; restored afterwards
     try:
         secs = time_forward_backward(
-            block, make_inputs, cases, repeats, warmup, dev, min_time_s=min_time_s
+            block, make_inputs, cases, repeats, warmup, dev, min_time_s=min_time_s, on_run=on_run
         )
     finally:
         torch.set_num_threads(prev_threads)

@@ -29,12 +29,14 @@ def time_forward_backward(
     clock: str = "auto",
     min_time_s: float = 0.0,
     max_repeats: int = 50,
+    on_run: Callable[[int, int], None] | None = None,
 ) -> list[float]:
     """Median seconds of one forward+backward per case (``make_inputs(case)`` builds the call;
     loss = sum of the output * a fixed random tensor, so every output element gets a gradient).
 
     A case whose warmup shows it is fast gets more repeats (up to ``max_repeats``) so that its
     timed runs add up to about ``min_time_s``: short runs are the noisiest, and cheap to repeat.
+    ``on_run(done, total)`` is called after every run (the total is exact once warmup is over).
     """
     import torch
 
@@ -59,6 +61,8 @@ def time_forward_backward(
         built.append((args, kwargs, torch.randn_like(probe)))
         del probe
 
+    runs = [0, (warmup + repeats) * len(built)]
+
     def run_once(args: Any, kwargs: Any, seed: Any) -> float:
         module.zero_grad(set_to_none=True)
         sync()
@@ -66,7 +70,11 @@ def time_forward_backward(
         y = module(*args, **kwargs)
         (y * seed).sum().backward()
         sync()
-        return now() - t0
+        elapsed = now() - t0
+        runs[0] += 1
+        if on_run is not None:
+            on_run(runs[0], runs[1])
+        return elapsed
 
     # Round-robin over the cases: a burst of load from other processes then hits every case
     # about equally instead of inflating whichever one happened to be running.
@@ -80,6 +88,7 @@ def time_forward_backward(
         )
         for w in warm
     ]
+    runs[1] = warmup * len(built) + sum(wanted)
     times: list[list[float]] = [[] for _ in built]
     for r in range(max(wanted)):
         for i, case in enumerate(built):

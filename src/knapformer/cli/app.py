@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from appshell.cli import App
 from knapformer import __version__
 
-app = typer.Typer(
-    help="KnapFormer: per-step load balancing and sequence parallelism for DiT training.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+app = App(help="KnapFormer: per-step load balancing and sequence parallelism for DiT training.")
 
 
 @app.callback()

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
+from appshell.atomic import check_outputs
+from appshell.cli import (
+    DeviceOption,
+    JsonFlag,
+    UserError,
+    note,
+    parse_device,
+    print_json,
+    progress,
+)
 from knapformer.cli.app import app
 
 
@@ -16,8 +25,7 @@ def _ints(text: str, what: str) -> list[int]:
     except ValueError:
         out = []
     if not out:
-        typer.echo(f"error: {what} must be comma-separated integers, got {text!r}", err=True)
-        raise typer.Exit(2)
+        raise UserError(f"{what} must be comma-separated integers, got {text!r}")
     return out
 
 
@@ -36,21 +44,25 @@ def calibrate(
         0.25, help="Fast points get extra repeats until their timed runs add up to this (s)."
     ),
     threads: int = typer.Option(1, help="torch.set_num_threads for the timings."),
-    device: str = typer.Option(None, help="cpu or cuda (default: cuda if available)."),
+    device: DeviceOption = None,  # type: ignore[assignment]  (default: cuda if available)
     comm: bool = typer.Option(True, help="Measure 2-process gloo all-to-all for the c term."),
     out: Path = typer.Option(None, help="Write the profile JSON here (atomic)."),
     plot: Path = typer.Option(None, help="Write a PNG of measured vs fitted times."),
-    json_out: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
+    json_out: JsonFlag = False,
 ) -> None:
     """Fit t(L, g) = (a*L + b*L^2)/g + c*L*(g-1)/g + e to timings of the reference block."""
     from knapformer.calibration.run import calibrate as run_calibration
     from knapformer.calibration.run import plot_fit
 
     if repeats < 1 or warmup < 0 or threads < 1:
-        typer.echo("error: need --repeats >= 1, --warmup >= 0, --threads >= 1", err=True)
-        raise typer.Exit(2)
-    log = (lambda m: typer.echo(m, err=True)) if json_out else typer.echo
-    try:
+        raise UserError("need --repeats >= 1, --warmup >= 0, --threads >= 1")
+    if not min_time >= 0:
+        raise UserError(f"--min-time must be >= 0 seconds, got {min_time}")
+    if device is not None:
+        device = str(parse_device(device))
+    check_outputs(out, plot)  # before the timings, not after them
+    log = note if json_out else typer.echo
+    with progress("timing the reference block", counted=True) as bar:
         report = run_calibration(
             d_model=d_model,
             heads=heads,
@@ -63,21 +75,15 @@ def calibrate(
             measure_comm=comm,
             min_time_s=min_time,
             log=log,
+            on_run=bar,
         )
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
     p = report.profile
-    try:
-        if out is not None:
-            p.save(out)
-        if plot is not None:
-            plot_fit(report, plot)
-    except OSError as exc:
-        typer.echo(f"error: cannot write output: {exc}", err=True)
-        raise typer.Exit(2) from None
+    if out is not None:
+        p.save(out)
+    if plot is not None:
+        plot_fit(report, plot)
     if json_out:
-        typer.echo(json.dumps(p.to_dict(), indent=2, sort_keys=True))
+        print_json(p.to_dict())
         return
     typer.echo(
         f"profile {p.name}: a={p.a:.4g} s/token, b={p.b:.4g} s/token^2, c={p.c:.4g} s/token, "

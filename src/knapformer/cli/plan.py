@@ -2,34 +2,27 @@
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from appshell.cli import JsonFlag, UserError, choice_enum, print_json, status
+from appshell.inputs import load_json
 from knapformer.cli.app import app
+from knapformer.planning.solvers import ALIASES, DEFAULT_SOLVER, SOLVERS
+
+Solver = choice_enum("Solver", [DEFAULT_SOLVER, *sorted(set(SOLVERS) - {DEFAULT_SOLVER}), *ALIASES])
 
 
-class _InputError(ValueError):
+class _InputError(UserError):
     pass
 
 
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
-
-
 def load_lengths(path: Path) -> list[list[int]]:
-    """Read ``{"ranks": [[len, ...], ...]}``; raise a one-line ValueError on bad content."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise _InputError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _InputError(f"{str(path)!r} is not valid JSON: {exc}") from None
+    """Read ``{"ranks": [[len, ...], ...]}``; raise a one-line UserError on bad content."""
+    doc = load_json(path, what="lengths file")
     if not isinstance(doc, dict) or "ranks" not in doc:
         raise _InputError(f'{str(path)!r} must be a JSON object with a "ranks" list')
     ranks = doc["ranks"]
@@ -67,10 +60,10 @@ def plan(
         0.0, help="Price of Ulysses all-to-all bytes in FLOPs (0 = compute only)."
     ),
     heads: int = typer.Option(24, help="Attention heads (every bag size must divide it)."),
-    solver: str = typer.Option(
+    solver: Solver = typer.Option(
         "local-search",
-        help="local-search (default, alias ours: never worse than reference) | reference "
-        "(the published greedy) | exact (HiGHS MILP, small instances).",
+        help="local-search (default, alias ours: never worse than reference), reference "
+        "(the published greedy) or exact (HiGHS MILP, small instances).",
     ),
     gpus_per_node: int = typer.Option(8, help="Bags never span nodes."),
     max_tokens_per_gpu: int = typer.Option(None, help="Per-GPU token budget after routing."),
@@ -78,7 +71,7 @@ def plan(
     time_limit: float = typer.Option(
         10.0, help="Seconds for --solver exact, building its model included."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: JsonFlag = False,
 ) -> None:
     """Plan one step: sequence -> bag assignment, per-GPU loads, lower bound and gap."""
     import numpy as np
@@ -88,35 +81,38 @@ def plan(
     from knapformer.planning.layout import BagLayout, LayoutError
     from knapformer.planning.plan import plan_step
 
-    try:
-        ranks = load_lengths(lengths)
-        world = len(ranks)
-        if profile is not None:
-            cost = CostModel.load(profile)
-        else:
-            cost = CostModel.flops(d_model, gamma, a2a_flops_per_byte=a2a_flops_per_byte)
-        if gpus_per_node < 1:
-            raise _InputError("--gpus-per-node must be >= 1")
-        if spec.strip().lower() == "auto":
-            spec_used = choose_layout(ranks, world, heads, gpus_per_node, cost)
-        else:
-            spec_used = spec
-        layout = BagLayout.parse(spec_used, world, heads)
-        for ranks_of_bag in layout.bag_ranks:
-            if ranks_of_bag[0] // gpus_per_node != ranks_of_bag[-1] // gpus_per_node:
-                raise LayoutError(
-                    f"bag on ranks {ranks_of_bag[0]}..{ranks_of_bag[-1]} of {spec_used!r} spans "
-                    f"two nodes (--gpus-per-node {gpus_per_node})"
-                )
-        options: dict[str, Any] = {}
-        if max_tokens_per_gpu is not None:
-            options["max_tokens_per_gpu"] = max_tokens_per_gpu
-        if solver == "exact":
-            options["time_limit"] = time_limit
+    solver = solver.value
+    if not (math.isfinite(time_limit) and time_limit > 0):
+        raise _InputError(f"time_limit must be a finite number > 0 (--time-limit {time_limit})")
+    ranks = load_lengths(lengths)
+    world = len(ranks)
+    if profile is not None:
+        cost = CostModel.load(profile)
+    else:
+        cost = CostModel.flops(d_model, gamma, a2a_flops_per_byte=a2a_flops_per_byte)
+    if gpus_per_node < 1:
+        raise _InputError("--gpus-per-node must be >= 1")
+    if spec.strip().lower() == "auto":
+        spec_used = choose_layout(ranks, world, heads, gpus_per_node, cost)
+    else:
+        spec_used = spec
+    layout = BagLayout.parse(spec_used, world, heads)
+    for ranks_of_bag in layout.bag_ranks:
+        if ranks_of_bag[0] // gpus_per_node != ranks_of_bag[-1] // gpus_per_node:
+            raise LayoutError(
+                f"bag on ranks {ranks_of_bag[0]}..{ranks_of_bag[-1]} of {spec_used!r} spans "
+                f"two nodes (--gpus-per-node {gpus_per_node})"
+            )
+    options: dict[str, Any] = {}
+    if max_tokens_per_gpu is not None:
+        options["max_tokens_per_gpu"] = max_tokens_per_gpu
+    if solver == "exact":
+        options["time_limit"] = time_limit
+    if solver == "exact":  # can take up to --time-limit seconds
+        with status(f"exact MILP (at most {time_limit:g} s)"):
+            p = plan_step(ranks, layout, cost, solver=solver, **options)
+    else:
         p = plan_step(ranks, layout, cost, solver=solver, **options)
-    except ValueError as exc:  # all library input errors subclass ValueError
-        _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return
     summary = p.summary()
     summary["requested_spec"] = spec
     summary["cost"] = cost.name
@@ -127,7 +123,7 @@ def plan(
         m = p.mean_load if p.mean_load > 0 else 1.0
         summary["load_before_over_mean"] = [round(x, 4) for x in (p.load_before / m).tolist()]
         summary["load_after_over_mean"] = [round(x, 4) for x in (p.load_after / m).tolist()]
-        typer.echo(json.dumps(summary))
+        print_json(summary, indent=None)
         return
     sizes = np.asarray(layout.bag_sizes)
     typer.echo(

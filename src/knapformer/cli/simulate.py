@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from appshell.atomic import check_output_dir
+from appshell.cli import JsonFlag, UserError, note, print_json, progress
 from knapformer.cli.app import app
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -65,7 +61,7 @@ def simulate(
         0.02, help="--spec auto: keep the previous layout unless the best is this much better."
     ),
     seed: int = typer.Option(0, help="Sampler seed."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON list, one per strategy."),
+    json_out: JsonFlag = False,
     plot_dir: Path = typer.Option(None, help="Write loads.png and routing.png here."),
 ) -> None:
     """Compare no balancing, the published greedy (given and best homogeneous spec) and ours."""
@@ -75,46 +71,43 @@ def simulate(
 
     sources = [x for x in (mixture, data_codes, lengths) if x is not None]
     if len(sources) != 1:
-        _fail("give exactly one of --mixture, --data-codes or --lengths")
-    try:
-        if lengths is not None:
-            all_steps = dc.load_lengths_file(lengths)
-            if gpus is not None and gpus != len(all_steps[0]):
-                _fail(f"--gpus {gpus} but {lengths} has {len(all_steps[0])} ranks")
-        else:
-            if gpus is None:
-                _fail("--gpus is required with --mixture or --data-codes")
-            mix = (
-                dc.resolve_mixture(mixture)
-                if mixture is not None
-                else dc.parse_data_codes(data_codes)
+        raise UserError("give exactly one of --mixture, --data-codes or --lengths")
+    if not 0 <= hysteresis <= 1:  # also refuses NaN
+        raise UserError(f"--hysteresis must be a number in [0, 1], got {hysteresis}")
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, got {steps}")
+    if lengths is not None:
+        all_steps = dc.load_lengths_file(lengths)
+        if gpus is not None and gpus != len(all_steps[0]):
+            raise UserError(f"--gpus {gpus} but {lengths} has {len(all_steps[0])} ranks")
+    else:
+        if gpus is None:
+            raise UserError("--gpus is required with --mixture or --data-codes")
+        mix = (
+            dc.resolve_mixture(mixture) if mixture is not None else dc.parse_data_codes(data_codes)
+        )
+        all_steps = dc.sample_steps(mix, gpus, steps, seed)
+        if gpus != mix.gpus:
+            note(
+                f"note: the mixture describes {mix.gpus} GPUs; {gpus} GPUs = "
+                f"{gpus // mix.gpus} independent replicas of it (contiguous ranks)"
             )
-            all_steps = dc.sample_steps(mix, gpus, steps, seed)
-            if gpus != mix.gpus:
-                typer.echo(
-                    f"note: the mixture describes {mix.gpus} GPUs; {gpus} GPUs = "
-                    f"{gpus // mix.gpus} independent replicas of it (contiguous ranks)",
-                    err=True,
-                )
-        if profile is not None:
-            cost = CostModel.load(profile)
-        else:
-            cost = CostModel.flops(d_model, gamma)
-        result = run_simulation(all_steps, cost, spec, heads, gpus_per_node, hysteresis=hysteresis)
-    except ValueError as exc:  # every input error of the library subclasses ValueError
-        _fail(str(exc))
+    cost = CostModel.load(profile) if profile is not None else CostModel.flops(d_model, gamma)
+    if plot_dir is not None:
+        check_output_dir(plot_dir)  # before the run, not after it
+    with progress("planning steps (every strategy)", counted=True) as bar:
+        result = run_simulation(
+            all_steps, cost, spec, heads, gpus_per_node, hysteresis=hysteresis, on_plan=bar
+        )
     rows = result.summaries()
     if plot_dir is not None:
         from knapformer.sim.plots import plot_loads, plot_routing
 
-        try:
-            plot_loads(result.example_plans, plot_dir / "loads.png", title="step 0")
-            if "ours" in result.example_plans:
-                plot_routing(result.example_plans["ours"], plot_dir / "routing.png")
-        except OSError as exc:
-            _fail(f"cannot write plots to {str(plot_dir)!r}: {exc.strerror or exc}")
+        plot_loads(result.example_plans, plot_dir / "loads.png", title="step 0")
+        if "ours" in result.example_plans:
+            plot_routing(result.example_plans["ours"], plot_dir / "routing.png")
     if json_out:
-        typer.echo(json.dumps(rows, indent=2))
+        print_json(rows)
         return
     typer.echo(
         f"{len(all_steps)} steps, {len(all_steps[0])} GPUs, "

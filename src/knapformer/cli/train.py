@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
 
+from appshell.atomic import check_outputs
+from appshell.cli import JsonFlag, note, print_json
+from appshell.inputs import read_text
 from knapformer.cli.app import app
 
 
@@ -23,47 +27,51 @@ def train(
     cost: str = typer.Option(None, help="flops | calibrate | PROFILE.json."),
     progress: bool = typer.Option(True, help="Rich progress bar on rank 0."),
     set_: list[str] = typer.Option(
-        None, "--set", help="Any config key: --set train.lr=3e-4 (repeatable)."
+        None, "--set", metavar="KEY=VALUE", help="Any config key: --set train.lr=3e-4 (repeatable)."
     ),
+    json_out: JsonFlag = False,
 ) -> None:
     """Train; for torchrun use `python -m knapformer.train` with the same flags."""
     from knapformer.train.config import ConfigError, check_world, load_config
     from knapformer.train.launch import flag_overrides, spawn
 
-    try:
-        cfg = load_config(
-            config,
-            flag_overrides(
-                balancer=balancer,
-                steps=steps,
-                log=None if log is None else str(log),
-                checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
-                checkpoint_every=checkpoint_every,
-                resume=resume,
-                data_codes=data_codes,
-                cost=cost,
-                progress=progress,
-                sets=set_ or [],
-            ),
-        )
-        if nproc < 1:
-            raise ConfigError(f"--nproc must be >= 1, got {nproc}")
-        check_world(cfg, nproc)
-        if cfg.checkpoint.resume:
-            from knapformer.train.checkpoint import CheckpointError, latest_checkpoint
+    cfg = load_config(
+        config,
+        flag_overrides(
+            balancer=balancer,
+            steps=steps,
+            log=None if log is None else str(log),
+            checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+            data_codes=data_codes,
+            cost=cost,
+            progress=progress,
+            sets=set_ or [],
+        ),
+    )
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be >= 1, got {nproc}")
+    check_world(cfg, nproc)
+    check_outputs(cfg.log.path or None)  # before any rank starts
+    if cfg.checkpoint.resume:
+        from knapformer.train.checkpoint import CheckpointError, latest_checkpoint
 
-            try:
-                latest_checkpoint(cfg.checkpoint.dir)
-            except CheckpointError as exc:
-                raise ConfigError(str(exc)) from None
-    except ConfigError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        try:
+            latest_checkpoint(cfg.checkpoint.dir)
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from None
     try:
         spawn(cfg, nproc)
     except Exception as exc:  # a rank failed: show its last line, not a wall of tracebacks
         lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
         typer.echo(f"error: training failed: {lines[-1] if lines else exc!r}", err=True)
         raise typer.Exit(1) from None
-    if log is not None:
-        typer.echo(f"log {log}")
+    last = None
+    if cfg.log.path and Path(cfg.log.path).is_file():
+        rows = [ln for ln in read_text(cfg.log.path).splitlines() if ln.strip()]
+        last = json.loads(rows[-1]) if rows else None
+    if json_out:
+        print_json({"log": cfg.log.path, "checkpoint_dir": cfg.checkpoint.dir, "last": last})
+    elif cfg.log.path:
+        note(f"log {cfg.log.path}")

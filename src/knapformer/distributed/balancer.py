@@ -24,6 +24,8 @@ time-limited solver) get a clear error before any token moves.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import zlib
 from collections.abc import Callable, Sequence
@@ -110,6 +112,43 @@ _ERR_MESSAGES = {
 
 def _describe(code: int, a: int, b: int, c: int, op: str) -> str:
     return _ERR_MESSAGES[code].format(a=a, b=b, c=c, op=op)
+
+
+# torch >= 2.13 renames all_gather_into_tensor (and warns on the old name).
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _gather_rows(t: torch.Tensor, n: int, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``[n, *t.shape]``: every rank's ``t`` (one all-gather into one tensor)."""
+    shape = t.shape
+    t = t.contiguous().view(-1)
+    out = t.new_empty(n * t.numel())  # (rows concatenated along dim 0, as gloo wants)
+    all_gather_single(out, t, group=group)
+    return out.view(n, *shape)
+
+
+def upload_table(
+    arr: np.ndarray, device: torch.device, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    """A host table as a tensor on ``device``. On CUDA the copy goes through pinned memory
+    and does not block: a pageable copy would wait for every queued kernel (the caching host
+    allocator keeps the pinned buffer until the copy is done)."""
+    t = torch.from_numpy(arr)
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if device.type == "cuda":  # pragma: no cover - CUDA only
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_host_offsets(fn: Callable[..., Any]) -> bool:
+    """Whether an attention callable accepts ``cu_seqlens_host=`` (the plan's host offsets,
+    so that it need not copy ``cu_seqlens`` back from the device)."""
+    try:
+        return "cu_seqlens_host" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class Balancer:
@@ -398,7 +437,8 @@ class Balancer:
             a = int(np.flatnonzero(arr <= 0)[0])
             b = int(arr[a])
         count = int(arr.size) if code == 0 else 0
-        info = torch.tensor([count, code, a, b], dtype=torch.int64, device=self.device)
+        # (on the CPU when the group has a CPU backend: the step's lengths are host data)
+        info = torch.tensor([count, code, a, b], dtype=torch.int64, device=self._ctrl_device)
         infos = self._all_gather(info).cpu().numpy()
         bad = [r for r in range(self.world_size) if infos[r, 1] != 0]
         if bad:
@@ -408,7 +448,7 @@ class Balancer:
         m = int(counts.max()) if counts.size else 0
         lengths: list[list[int]] = [[] for _ in range(self.world_size)]
         if m > 0:
-            padded = torch.zeros(m, dtype=torch.int64, device=self.device)
+            padded = torch.zeros(m, dtype=torch.int64, device=self._ctrl_device)
             padded[: arr.size] = torch.from_numpy(arr.astype(np.int64))
             allp = self._all_gather(padded).cpu().numpy()
             lengths = [allp[r, : counts[r]].tolist() for r in range(self.world_size)]
@@ -463,9 +503,7 @@ class Balancer:
         return self._seq_offset
 
     def _all_gather(self, t: torch.Tensor) -> torch.Tensor:
-        out = [torch.empty_like(t) for _ in range(self.world_size)]
-        dist.all_gather(out, t, group=self.group)
-        return torch.stack(out)
+        return _gather_rows(t, self.world_size, self.group)
 
     def _require_tables(self, op: str) -> RoutingTables:
         if self.tables is None:
@@ -489,7 +527,7 @@ class Balancer:
                 arr, dtype = tables.cu_seqlens, torch.int32
             else:
                 arr = getattr(tables, name)
-            t = torch.from_numpy(np.array(arr, dtype=np.int64)).to(device=device, dtype=dtype)
+            t = upload_table(np.array(arr, dtype=np.int64), device, dtype)
             self._index_cache[key] = t
         return t
 
@@ -671,21 +709,16 @@ class Balancer:
         causal: bool = False,
         attn_fn: Callable[..., torch.Tensor] = varlen_attention,
     ) -> torch.Tensor:
-        """``pre_attn`` -> varlen attention over whole sequences -> ``post_attn``."""
+        """``pre_attn`` -> varlen attention over whole sequences -> ``post_attn``.
+
+        ``attn_fn(q, k, v, cu_seqlens, max_seqlen, causal=...)`` also gets the plan's host
+        offsets as ``cu_seqlens_host=`` when it has that parameter (both shipped ones do), so
+        that it never copies ``cu_seqlens`` back from the device."""
         a = self.pre_attn(q, k, v)
-        if attn_fn is varlen_attention:  # host offsets: no device-to-host copy of cu_seqlens
-            t = self._require_tables("attention")
-            out = varlen_attention(
-                a.q,
-                a.k,
-                a.v,
-                a.cu_seqlens,
-                a.max_seqlen,
-                causal=causal,
-                cu_seqlens_host=t.cu_seqlens,
-            )
-        else:
-            out = attn_fn(a.q, a.k, a.v, a.cu_seqlens, a.max_seqlen, causal=causal)
+        kw: dict[str, Any] = {"causal": causal}
+        if _takes_host_offsets(attn_fn):
+            kw["cu_seqlens_host"] = self._require_tables("attention").cu_seqlens
+        out = attn_fn(a.q, a.k, a.v, a.cu_seqlens, a.max_seqlen, **kw)
         return self.post_attn(out)
 
     def _agree_in_bag(self, op: str, code: int, a: int, b: int, c: int) -> None:
@@ -697,9 +730,7 @@ class Balancer:
         row = [code, a, b, c]
         if self.bag_size > 1 and has_cpu_backend(self.bag_group):
             info = torch.tensor(row, dtype=torch.int64)
-            out = [torch.empty_like(info) for _ in range(self.bag_size)]
-            dist.all_gather(out, info, group=self.bag_group)
-            rows = torch.stack(out).tolist()
+            rows = _gather_rows(info, self.bag_size, self.bag_group).tolist()
         else:
             rows = [row]
         bad = [(self.bag_ranks[j], r) for j, r in enumerate(rows) if r[0] != 0]

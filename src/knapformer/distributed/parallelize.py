@@ -30,8 +30,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from knapformer.distributed.balancer import Balancer, BalancerError
-from knapformer.distributed.groups import global_ranks
+from knapformer.distributed.balancer import (
+    Balancer,
+    BalancerError,
+    all_gather_single,
+    upload_table,
+)
+from knapformer.distributed.groups import global_ranks, has_cpu_backend
 from knapformer.models.mmdit import (
     AttnMeta,
     DispatchedTokens,
@@ -42,9 +47,6 @@ from knapformer.models.mmdit import (
 )
 
 __all__ = ["BalancedAttention", "BalancedDispatcher", "ParallelizeError", "parallelize"]
-
-# torch >= 2.13 renames all_gather_into_tensor (and warns on the old name).
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class ParallelizeError(ValueError):
@@ -62,6 +64,11 @@ class BalancedAttention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta | None = None
     ) -> torch.Tensor:
         return self.balancer.attention(q, k, v, attn_fn=device_varlen_attention)
+
+
+def _rows_per_rank(counts: np.ndarray) -> int:
+    """Rows each rank contributes to the conditioning gather (its padded sequence count)."""
+    return max(int(counts.max()) if counts.size else 0, 1)
 
 
 class BalancedDispatcher(nn.Module):
@@ -82,32 +89,31 @@ class BalancedDispatcher(nn.Module):
         assert plan is not None and t is not None
         counts = np.bincount(bal.step_src_rank, minlength=bal.world_size)
         first = np.cumsum(counts) - counts
-        per_rank = int(counts.max()) if counts.size else 0  # rows per rank in the gather
+        per_rank = _rows_per_rank(counts)  # rows per rank in the gather
         ids = np.asarray(t.seq_ids, dtype=np.int64)
         src = bal.step_src_rank[ids]  # (plan covers only this replica)
         rows = src * per_rank + (ids - first[src])
         tok = np.searchsorted(ids, np.asarray(t.token_seq_ids, dtype=np.int64))
-        rows_t = torch.from_numpy(rows.astype(np.int64)).to(device)
-        tok_t = torch.from_numpy(tok.astype(np.int64)).to(device)
+        rows_t = upload_table(rows.astype(np.int64), device)
+        tok_t = upload_table(tok.astype(np.int64), device)
         self._cache = (t, device, rows_t, tok_t)
         return rows_t, tok_t
 
     def _gather_cond(self, cond: torch.Tensor) -> torch.Tensor:
+        """Every rank's per-sequence conditioning rows (padded to the largest count). The
+        counts are agreed on the host first (CPU backend), so a batch that does not match the
+        plan is the same error on every rank instead of a hang, and nothing is read back from
+        the device; without a CPU backend (plain "nccl") the check stays local."""
         bal = self.balancer
-        plan = bal.plan
-        assert plan is not None
         counts = np.bincount(bal.step_src_rank, minlength=bal.world_size)
-        width = int(counts.max()) + 1 if counts.size else 1
+        width = _rows_per_rank(counts)
         n, c = cond.shape
-        # Row 0 is a header (this rank's sequence count), so a mismatch is the same error on
-        # every rank instead of a hang.
-        buf = cond.new_zeros(width, c)
-        buf[0, 0] = float(n)
-        if n <= width - 1:
-            buf[1 : n + 1] = cond.detach()
-        out = cond.new_empty(bal.world_size * width, c)
-        _all_gather_single(out, buf, group=bal.group)
-        got = out.view(bal.world_size, width, c)[:, 0, 0].round().to(torch.int64).cpu().numpy()
+        if has_cpu_backend(bal.group):
+            mine = torch.tensor([n], dtype=torch.int64)
+            got = bal._all_gather(mine).view(-1).numpy()
+        else:  # pragma: no cover - CUDA with a plain "nccl" group
+            got = counts.copy()
+            got[bal.rank] = n
         bad = [r for r in range(bal.world_size) if got[r] != counts[r]]
         if bad:
             parts = ", ".join(f"rank {r}: {got[r]} sequences, plan has {counts[r]}" for r in bad)
@@ -115,7 +121,11 @@ class BalancedDispatcher(nn.Module):
                 f"conditioning does not match the plan ({parts}); call "
                 "balancer.plan_step(batch.seq_lens) with this batch before the forward"
             )
-        return out.view(bal.world_size, width, c)[:, 1:].reshape(-1, c)  # drop the headers
+        buf = cond.new_zeros(width, c)
+        buf[:n] = cond.detach()
+        out = cond.new_empty(bal.world_size * width, c)
+        all_gather_single(out, buf, group=bal.group)
+        return out
 
     def dispatch(self, s: TokenState) -> DispatchedTokens:
         bal = self.balancer

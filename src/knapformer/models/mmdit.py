@@ -21,8 +21,9 @@ from outside instead of threading callables through ``forward``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,9 @@ from torch import nn
 
 from knapformer.attention.varlen import flash_attn_available, varlen_attention
 from knapformer.models.rope import apply_rope, rope_nd
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "PRESETS",
@@ -271,9 +275,11 @@ def device_varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     causal: bool = False,
+    cu_seqlens_host: Sequence[int] | np.ndarray | None = None,
 ) -> torch.Tensor:
     """Varlen attention without a host-device sync on CUDA (fp16/bf16): flash-attn's varlen
-    kernel when installed, else torch's ``varlen_attn``; elsewhere the exact SDPA path."""
+    kernel when installed, else torch's ``varlen_attn``; elsewhere the exact SDPA path, which
+    reads the offsets from ``cu_seqlens_host`` when given (else copies ``cu_seqlens`` back)."""
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):  # pragma: no cover - CUDA only
         cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
         if flash_attn_available():
@@ -284,7 +290,9 @@ def device_varlen_attention(
 
         window = (-1, 0) if causal else (-1, -1)
         return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, window_size=window)
-    return varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=causal)
+    return varlen_attention(
+        q, k, v, cu_seqlens, max_seqlen, causal=causal, cu_seqlens_host=cu_seqlens_host
+    )
 
 
 class VarlenAttention(nn.Module):

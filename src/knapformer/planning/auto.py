@@ -11,8 +11,13 @@ through SP. A ``current`` layout is kept unless the winner is better by more tha
 Cheap by construction (it runs every step): the cost table is computed once per step for every
 allowed bag size; with a ``current`` layout, a quick makespan of it and the other candidates'
 lower bounds usually prove that none can beat it by the hysteresis, and nothing else is planned.
-Otherwise candidates get a quick makespan in order of their bounds (skipped once a bound rules
-them out), and only the few near the best get a full plan.
+Otherwise candidates get a quick plan (LPT construction, a few local-search steps, the cheap
+locality moves; no guard, no plan object) in order of their bounds and of the tokens they must
+split, and a candidate is skipped when its bounds prove it cannot change the pick: its makespan
+is above the near-tie band, or it must split more tokens than the SP tie-break allows while its
+bound is too high to push a pooled candidate out of the band. Skipped candidates are checked
+again against the final set, so the pick is the one over quick plans of every candidate (a test
+checks this). The same bags in another node order reuse the winner's plan.
 """
 
 from __future__ import annotations
@@ -20,16 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from math import inf
 
 import numpy as np
 
 from knapformer.planning import solvers
 from knapformer.planning.cost import CostModel
 from knapformer.planning.layout import BagLayout, LayoutError, format_spec, parse_terms
-from knapformer.planning.plan import plan_step, validate_lengths
-from knapformer.planning.solvers import construction, local_search
-from knapformer.planning.solvers.problem import CostTable
+from knapformer.planning.plan import validate_lengths
+from knapformer.planning.solvers import construction, local_search, locality
+from knapformer.planning.solvers.problem import CostTable, Problem
 
 __all__ = [
     "Candidate",
@@ -45,7 +49,8 @@ __all__ = [
 # parsed layouts are immutable: share them (and the solvers' per-layout caches) across steps
 _parse = lru_cache(maxsize=512)(BagLayout.parse)
 _TIE_TOL = 1e-3  # makespans within this relative distance count as equal
-_QUICK_BAND = 0.01  # specs this close to the best quick makespan get a full plan
+_QUICK_GAP = 5e-4  # quick plans of candidates stop this close to their bound
+_QUICK_ITERS = 4  # ... or after this many local-search steps
 _SP_TOL = 0.002  # near-tied layouts whose SP token shares differ by less: fewer moves win
 _MOVE_TOL = 2e-4  # ... if their makespans are this close (relative)
 
@@ -196,10 +201,14 @@ class _Step:
         self.cost = cost
         self.flat, self.src = validate_lengths(lengths, world_size)
         self.table = CostTable.build(cost, self.flat, {1, *sizes})
+        self.total_tokens = int(self.flat.sum())
         self.evaluated: dict[str, Candidate] = {}
         self._bounds: dict[tuple[str, bool], float] = {}
         self._size_bounds: dict[tuple[int, ...], float] = {}
-        self.planned = 0
+        self._by_ratio: tuple[np.ndarray, np.ndarray] | None = None
+        self._sp_floors: dict[tuple[int, float], float] = {}
+        self._bags: dict[str, list[np.ndarray]] = {}  # evaluated plans, one per replica
+        self._plans: dict[str, list[tuple[int, Problem, np.ndarray, float]]] = {}
 
     def layout(self, spec: str) -> BagLayout:
         return _parse(spec, self.world_size, self.num_heads)
@@ -207,12 +216,11 @@ class _Step:
     def bound(self, spec: str, strong: bool) -> float:
         """Makespan lower bound of ``spec`` (max over replicas): the simple bound (cheap) or
         the restricted-capacity one."""
-        key = (spec, strong)
+        if not strong:
+            return self.simple_bound(spec)
+        key = (spec, True)
         if key not in self._bounds:
-            lb = 0.0
-            for p in self.replica_problems(spec):
-                lb = max(lb, p.lb if strong else solvers.simple_lower_bound(p))
-            self._bounds[key] = lb
+            self._bounds[key] = max((p.lb for p in self.replica_problems(spec)), default=0.0)
         return self._bounds[key]
 
     def replica_problems(self, spec: str):
@@ -234,9 +242,17 @@ class _Step:
     def simple_bound(self, spec: str) -> float:
         """``max(total min-work / N, max_s min_g t(L_s, g))`` straight from the table: for a
         one-replica layout it depends only on its set of bag sizes (cached per set)."""
+        key = (spec, False)
+        if key not in self._bounds:
+            self._bounds[key] = self._simple_bound(spec)
+        return self._bounds[key]
+
+    def _simple_bound(self, spec: str) -> float:
         layout = self.layout(spec)
         if layout.num_replicas != 1:
-            return self.bound(spec, False)
+            return max(
+                (solvers.simple_lower_bound(p) for p in self.replica_problems(spec)), default=0.0
+            )
         key = tuple(sorted(set(layout.bag_sizes)))
         if key not in self._size_bounds:
             idx = np.searchsorted(self.table.sizes, key)
@@ -252,59 +268,192 @@ class _Step:
 
     def at_least(self, spec: str, x: float) -> bool:
         """Whether ``spec``'s makespan provably is >= x (tries the cheap bound first)."""
-        return self.simple_bound(spec) >= x or self.bound(spec, True) >= x
+        return any(b >= x for b in self._bounds_of(spec))
+
+    def above(self, spec: str, x: float) -> bool:
+        """Whether ``spec``'s makespan provably is > x (cheap bound first)."""
+        return any(b > x for b in self._bounds_of(spec))
+
+    def sp_floor(self, spec: str, level: float) -> float:
+        """A lower bound on ``spec``'s share of tokens in multi-GPU bags for any plan whose
+        makespan is at most ``level``. Its n1 one-GPU bags hold at most ``n1 * level`` of cost
+        t(L, 1), and only sequences with t(L, 1) <= level: the most tokens that fit are bounded
+        by the fractional knapsack (sequences by tokens per cost, the last one split)."""
+        sizes = self.layout(spec).bag_sizes
+        tot = self.total_tokens
+        n1 = sum(1 for g in sizes if g == 1)
+        if tot == 0 or n1 == len(sizes):
+            return 0.0
+        if n1 == 0:
+            return 1.0
+        key = (n1, level)
+        if key not in self._sp_floors:
+            self._sp_floors[key] = self._sp_floor(n1, level)
+        return self._sp_floors[key]
+
+    def _sp_floor(self, n1: int, level: float) -> float:
+        tot = self.total_tokens
+        if self._by_ratio is None:
+            t1 = self.table.values[:, 0]
+            o = np.lexsort((t1, -(self.flat / np.maximum(t1, 1e-300))))
+            self._by_ratio = (t1[o], self.flat[o].astype(np.float64))
+        t1, tok = self._by_ratio
+        ok = t1 <= level
+        cost = np.where(ok, t1, 0.0).cumsum()
+        cap = n1 * level
+        k = int(np.searchsorted(cost, cap, side="right"))  # whole items that fit
+        g1 = float(np.where(ok[:k], tok[:k], 0.0).sum())
+        if k < t1.size:  # the next eligible item, fractionally
+            rest = np.flatnonzero(ok[k:])
+            if rest.size:
+                j = k + int(rest[0])
+                room = cap - (float(cost[k - 1]) if k else 0.0)
+                g1 += tok[j] * min(1.0, room / t1[j]) if t1[j] > 0 else tok[j]
+        return max(0.0, 1.0 - g1 / tot)
 
     def quick_makespan(self, spec: str) -> float:
-        """A makespan ``spec`` can reach (an upper bound on its best plan): LPT construction
-        and a few local-search rounds, no locality phase and no plan object."""
-        ms = 0.0
-        for p in self.replica_problems(spec):
-            if p.n == 0:
-                continue
-            bag, load = construction._construct(p, p.by_cost_desc, None, p.lb, 1e-3)
-            bag, _, _ = local_search._local_search(p, bag, load, p.lb, 8, 1e-3)
-            ms = max(ms, float(p.bag_loads(bag).max()))
-        return ms
+        """A makespan ``spec`` reaches (an upper bound on its best plan): its quick plan
+        before the locality steps (enough to keep a current layout)."""
+        if spec in self.evaluated:
+            return self.evaluated[spec].makespan
+        return max(
+            (float(p.bag_loads(bag).max()) for _, p, bag, _ in self._plan(spec)), default=0.0
+        )
 
-    def evaluate(self, spec: str) -> Candidate:
-        if spec not in self.evaluated:
-            plan = plan_step(
-                self.lengths,
-                self.layout(spec),
-                self.cost,
-                solvers.DEFAULT_SOLVER,
-                table=self.table,
-                guard=False,
-                stop_gap=1e-3,
-                max_iters=20,
-            )
-            self.planned += 1
-            self.evaluated[spec] = Candidate(
-                spec=spec,
-                makespan=plan.makespan,
-                lower_bound=plan.lower_bound,
-                sp_tokens_fraction=plan.sp_tokens_fraction,
-                tokens_moved_fraction=plan.tokens_moved_fraction,
-            )
-        return self.evaluated[spec]
+    def _plan(self, spec: str) -> list[tuple[int, Problem, np.ndarray, float]]:
+        """Per non-empty replica: its index, problem, a quick assignment and the bound it aimed
+        at:
+        LPT construction up to the simple bound, then a few local-search steps towards the
+        strong bound only if that is not already within ``_QUICK_GAP`` (cached)."""
+        if spec not in self._plans:
+            out = []
+            for r, p in enumerate(self.replica_problems(spec)):
+                if p.n == 0:
+                    continue
+                target = solvers.simple_lower_bound(p)
+                bag, load = construction._construct(p, p.by_cost_desc, None, target, _QUICK_GAP)
+                if float(load.max()) > target * (1.0 + _QUICK_GAP):
+                    target = p.lb
+                    bag, load, _ = local_search._local_search(
+                        p, bag, load, target, _QUICK_ITERS, _QUICK_GAP, patience=1
+                    )
+                out.append((r, p, bag, target))
+            self._plans[spec] = out
+        return self._plans[spec]
 
-    def evaluate_best(self, specs: Sequence[str], max_planned: int = 4) -> list[Candidate]:
-        """Plan only the specs that could be picked. First a quick makespan (LPT and a few
-        local-search rounds) of every spec whose bound does not already rule it out, in order
-        of the bounds; then full plans for the specs within ``_QUICK_BAND`` of the best quick
-        makespan (near-ties are decided on full plans: SP share, tokens moved)."""
-        order = sorted(specs, key=lambda s: (self.simple_bound(s), s))
-        best = min((self.evaluated[s].makespan for s in order if s in self.evaluated), default=inf)
-        quick: dict[str, float] = {}
-        for spec in order:
-            if spec in self.evaluated or self.at_least(spec, best * (1.0 + _QUICK_BAND)):
+    def evaluate(self, spec: str, like: str | None = None) -> Candidate:
+        """A quick plan of ``spec`` (:meth:`_plan`) with the cheap locality steps at its
+        makespan (for the tokens-moved tie-break). No guard, no plan object: the balancer
+        plans the chosen layout in full afterwards.
+
+        ``like``: an evaluated spec with the same bags in another order; its plan is reused
+        (bags of one size are interchangeable), only the locality steps run again."""
+        if spec in self.evaluated:
+            return self.evaluated[spec]
+        seeds = self._seed_from(like, spec) if like is not None else None
+        if seeds is not None:
+            lb0 = self.evaluated[like].lower_bound  # type: ignore[index]
+            replicas = enumerate(self.replica_problems(spec))
+            plans = [(r, p, seeds[r], lb0) for r, p in replicas if p.n]
+        else:
+            plans = [(r, p, bag.copy(), t) for r, p, bag, t in self._plan(spec)]
+        ms = lb = 0.0
+        sp = stay = 0
+        bags = [np.zeros(0, dtype=np.int64)] * self.layout(spec).num_replicas
+        for r, p, bag, target in plans:
+            load = p.bag_loads(bag)
+            mk = float(load.max())
+            # locality at no makespan cost: move sequences home (and, for a plan taken from
+            # another order of the same bags, first relabel same-size bags)
+            if seeds is not None:
+                locality._relabel_home(p, bag, load)
+            locality._locality_pass(p, bag, load, mk)
+            load = p.bag_loads(bag)
+            ms = max(ms, float(load.max()))
+            lb = max(lb, target)
+            sp += int(p.lengths[p.sizes[bag] > 1].sum())
+            stay += int(p.stay_home[bag == p.home].sum())
+            bags[r] = bag
+        tot = self.total_tokens
+        cand = Candidate(
+            spec=spec,
+            makespan=ms,
+            lower_bound=lb,
+            sp_tokens_fraction=sp / tot if tot else 0.0,
+            tokens_moved_fraction=1.0 - stay / tot if tot else 0.0,
+        )
+        self.evaluated[spec] = cand
+        self._bags[spec] = bags
+        return cand
+
+    def _seed_from(self, like: str, spec: str) -> list[np.ndarray] | None:
+        """``like``'s plan mapped onto ``spec``'s bags (the k-th bag of each size to the k-th
+        bag of that size), or None if their replicas do not hold the same bags."""
+        a, b = self.layout(like), self.layout(spec)
+        if like not in self._bags or a.group_size != b.group_size:
+            return None
+        ka, kb = a.bags_per_replica, b.bags_per_replica
+        sa, sb = np.asarray(a.bag_sizes[:ka]), np.asarray(b.bag_sizes[:kb])
+        if ka != kb or sorted(sa.tolist()) != sorted(sb.tolist()):
+            return None
+        to = np.empty(ka, dtype=np.int64)
+        to[np.argsort(sa, kind="stable")] = np.argsort(sb, kind="stable")
+        return [to[x] for x in self._bags[like]]
+
+    def _cannot_win(self, spec: str, evaluated: Sequence[Candidate]) -> bool:
+        """Whether adding ``spec`` to ``evaluated`` provably leaves :func:`_pick`'s choice as
+        it is: either its makespan is above the near-tie band of the best so far, or it splits
+        more tokens than the pick's SP tie-break allows while its bound is too high to push a
+        candidate of the final pool (see :func:`_pool`) out of the band (cheap bound first,
+        the strong one only if needed)."""
+        if not evaluated:
+            return False
+        best, first, pool = _pool(evaluated)
+        band = best * (1.0 + _TIE_TOL)
+        splits_more = self.sp_floor(spec, band) > first.sp_tokens_fraction + _SP_TOL
+        # Such a spec could only change the choice by lowering the best makespan so far that
+        # a candidate of the final pool leaves the band: it needs a makespan below
+        # worst / (1 + _TIE_TOL). (If none leaves, the pool's first and the pool stay.)
+        worst = max(c.makespan for c in pool)
+        for b in self._bounds_of(spec):
+            if b > band or (splits_more and b * (1.0 + _TIE_TOL) >= worst):
+                return True
+        return False
+
+    def _bounds_of(self, spec: str):
+        """The cheap bound, then the strong one (computed only if asked for)."""
+        yield self.simple_bound(spec)
+        yield self.bound(spec, True)
+
+    def evaluate_best(self, specs: Sequence[str]) -> list[Candidate]:
+        """Quick plans of the specs that could be picked, the same choice as planning all of
+        them: the lowest bound first (it sets the band), then by the fewest tokens that must
+        be split; a spec is skipped when :meth:`_cannot_win` shows that it does not change
+        :func:`_pick`'s choice, and every skipped spec is checked again at the end."""
+        order = list(dict.fromkeys(specs))
+        skipped: set[str] = set()
+        while True:
+            pending = [s for s in order if s not in self.evaluated and s not in skipped]
+            if not pending:
+                done = [self.evaluated[s] for s in order if s in self.evaluated]
+                recheck = [s for s in skipped if not self._cannot_win(s, done)]
+                if not recheck:
+                    return done
+                skipped.difference_update(recheck)
                 continue
-            quick[spec] = self.quick_makespan(spec)
-            best = min(best, quick[spec])
-        near = sorted((q, s) for s, q in quick.items() if q <= best * (1.0 + _QUICK_BAND))
-        for _, spec in near[:max_planned]:
-            self.evaluate(spec)
-        return [self.evaluated[s] for s in order if s in self.evaluated]
+            done = [self.evaluated[s] for s in order if s in self.evaluated]
+            if done:
+                band = _pool(done)[0] * (1.0 + _TIE_TOL)
+            else:  # (no plan yet: the band around the lowest bound)
+                band = min(self.simple_bound(s) for s in pending) * (1.0 + _TIE_TOL)
+            spec = min(
+                pending,
+                key=lambda s: (self.simple_bound(s) > band, self.sp_floor(s, band), s),
+            )
+            if self._cannot_win(spec, done):
+                skipped.add(spec)
+            else:
+                self.evaluate(spec)
 
 
 def evaluate_candidates(
@@ -313,20 +462,17 @@ def evaluate_candidates(
     world_size: int,
     num_heads: int,
     cost: CostModel,
-    max_planned: int = 8,
 ) -> list[Candidate]:
-    """Candidates for the specs that could be picked (see ``_Step.evaluate_best``): full plans
-    (default solver, quick settings) of at most ``max_planned`` specs near the best."""
+    """Quick plans of the specs that could be picked (see ``_Step.evaluate_best``)."""
     sizes = {g for s in specs for g in _parse(s, world_size, num_heads).bag_sizes}
-    return _Step(lengths, world_size, num_heads, cost, sorted(sizes)).evaluate_best(
-        specs, max_planned
-    )
+    return _Step(lengths, world_size, num_heads, cost, sorted(sizes)).evaluate_best(specs)
 
 
-def _pick(evaluated: Sequence[Candidate]) -> Candidate:
-    """Lowest makespan; among near-ties (``_TIE_TOL``) the fewest SP tokens. Then, among the
-    layouts as good as that one (makespan within ``_MOVE_TOL``, SP share within ``_SP_TOL``),
-    the fewest moved tokens (SP traffic recurs in every attention layer, routing once)."""
+def _pool(evaluated: Sequence[Candidate]) -> tuple[float, Candidate, list[Candidate]]:
+    """The best makespan; among the candidates within ``_TIE_TOL`` of it, the one with the
+    fewest SP tokens (then the lowest makespan, then the spec); and the pool the final
+    tie-break chooses from: the near-ties as good as that one (makespan within ``_MOVE_TOL``,
+    SP share within ``_SP_TOL``)."""
     best = min(c.makespan for c in evaluated)
     near = [c for c in evaluated if c.makespan <= best * (1.0 + _TIE_TOL)]
     first = min(near, key=lambda c: (c.sp_tokens_fraction, c.makespan, c.spec))
@@ -336,7 +482,14 @@ def _pick(evaluated: Sequence[Candidate]) -> Candidate:
         if c.makespan <= first.makespan * (1.0 + _MOVE_TOL)
         and c.sp_tokens_fraction <= first.sp_tokens_fraction + _SP_TOL
     ]
-    return min(pool, key=lambda c: (c.tokens_moved_fraction, c.makespan, c.spec))
+    return best, first, pool
+
+
+def _pick(evaluated: Sequence[Candidate]) -> Candidate:
+    """Lowest makespan; among near-ties (``_TIE_TOL``) the fewest SP tokens. Then, among the
+    layouts as good as that one, the fewest moved tokens (SP traffic recurs in every attention
+    layer, routing once); see :func:`_pool`."""
+    return min(_pool(evaluated)[2], key=lambda c: (c.tokens_moved_fraction, c.makespan, c.spec))
 
 
 def _kept_tokens(
@@ -356,19 +509,47 @@ def _kept_tokens(
     return kept / g
 
 
+class _KeptTokens:
+    """``_kept_tokens`` for every bag of one step from the step's cost table (cached per bag)."""
+
+    def __init__(self, flat: np.ndarray, src: np.ndarray, table: CostTable, world: int) -> None:
+        self.cuts = np.searchsorted(src, np.arange(world + 1)).tolist()
+        self.lens = flat.tolist()
+        self.tl = table.values.tolist()
+        self.col = {int(g): k for k, g in enumerate(table.sizes.tolist())}
+        self.cache: dict[tuple[int, int, float], float] = {}
+
+    def __call__(self, start: int, g: int, level: float) -> float:
+        key = (start, g, level)
+        if key not in self.cache:
+            a, b = self.cuts[start], self.cuts[start + g]
+            k = self.col[g]
+            rows = sorted(zip(self.lens[a:b], self.tl[a:b], strict=True), reverse=True)
+            used, kept = 0.0, 0
+            for x, t in rows:
+                tx = t[k]
+                if used + tx <= level:
+                    used += tx
+                    kept += x
+            self.cache[key] = kept / g
+        return self.cache[key]
+
+
 def local_ordering(
     spec: str,
     lengths: Sequence[Sequence[int]],
     gpus_per_node: int,
     cost: CostModel,
     level: float,
+    table: CostTable | None = None,
 ) -> str:
     """The same bags in a node-respecting order that keeps more tokens home.
 
     The spec's bags are cut into node-sized chunks; chunks are assigned to nodes (greedy on
     the largest gain over the worst node for that chunk type) to maximise the tokens each
     node's bags could keep from their own ranks under ``level``. A trailing partial node stays
-    last. Returns ``spec`` itself when nothing better is found."""
+    last. Returns ``spec`` itself when nothing better is found. ``table``: the step's cost
+    table over (at least) the spec's bag sizes, if already built."""
     world = len(lengths)
     bags = [g for g, n in parse_terms(spec) for _ in range(n)]
     chunks: list[tuple[int, ...]] = []
@@ -387,12 +568,16 @@ def local_ordering(
     if len(types) < 2:
         return spec
     nodes = len(chunks)
+    flat, src = validate_lengths(lengths, world)
+    if table is None or table.columns(np.asarray(sorted(set(bags)), dtype=np.int64)) is None:
+        table = CostTable.build(cost, flat, set(bags))
+    kept = _KeptTokens(flat, src, table, world)
     score = np.zeros((len(types), nodes))
     for i, ch in enumerate(types):
         for j in range(nodes):
             start = j * gpus_per_node
             for g in ch:
-                score[i, j] += _kept_tokens(lengths, range(start, start + g), g, cost, level)
+                score[i, j] += kept(start, g, level)
                 start += g
     need = {t: chunks.count(t) for t in types}
     free = np.ones(nodes, dtype=bool)
@@ -446,32 +631,38 @@ def choose_layout(
     stays unless the winner's makespan is lower by more than ``hysteresis`` (relative)."""
     if len(lengths) != world_size:
         raise LayoutError(f"got lengths for {len(lengths)} ranks, world_size={world_size}")
-    if hysteresis < 0:
-        raise LayoutError("hysteresis must be >= 0")
+    if not 0 <= hysteresis <= 1:  # also refuses NaN (1: never switch, as AutoLayout allows)
+        raise LayoutError(f"hysteresis must be a number in [0, 1], got {hysteresis}")
     sizes = set(allowed_bag_sizes(world_size, num_heads, gpus_per_node))
-    if candidates is None:
-        specs = candidate_specs(lengths, world_size, num_heads, gpus_per_node, cost)
-    else:
-        specs = []
-        for s in candidates:
-            layout = BagLayout.parse(s, world_size, num_heads)
-            if spans_nodes(layout, gpus_per_node):
-                raise LayoutError(f"candidate {s!r} has a bag spanning two nodes")
-            specs.append(layout.spec)
+    specs = []
+    for s in candidates or ():
+        layout = BagLayout.parse(s, world_size, num_heads)
+        if spans_nodes(layout, gpus_per_node):
+            raise LayoutError(f"candidate {s!r} has a bag spanning two nodes")
+        specs.append(layout.spec)
     cur = None
     if current is not None:
         layout = BagLayout.parse(current, world_size, num_heads)
         if not spans_nodes(layout, gpus_per_node) and set(layout.bag_sizes) <= sizes | {1}:
             cur = layout.spec
-            if cur not in specs:
-                specs.append(cur)
+    used = {
+        g
+        for s in [*specs, *([cur] if cur else [])]
+        for g in _parse(s, world_size, num_heads).bag_sizes
+    }
+    # the step's cost table, over every size any candidate may use, is built once
+    step = _Step(lengths, world_size, num_heads, cost, sorted(sizes | used))
+    if candidates is None:
+        specs = candidate_specs(
+            lengths, world_size, num_heads, gpus_per_node, cost, table=step.table
+        )
+    if cur is not None and cur not in specs:
+        specs.append(cur)
     if not specs:
         raise LayoutError(
             f"no bag layout for world_size={world_size}, heads={num_heads}, "
             f"gpus_per_node={gpus_per_node}"
         )
-    used = {g for s in specs for g in _parse(s, world_size, num_heads).bag_sizes}
-    step = _Step(lengths, world_size, num_heads, cost, sorted(sizes | used))
     if cur is not None:
         # Keep the current layout without planning the others when their bounds already show
         # that none can beat it by more than the hysteresis (the common, steady case). The
@@ -502,9 +693,11 @@ def choose_layout(
             evaluated = step.evaluate_best(specs)
     winner = _pick(evaluated)
     # the same bags in another node order may keep more tokens on their source ranks
-    local = local_ordering(winner.spec, lengths, gpus_per_node, cost, winner.makespan)
+    local = local_ordering(
+        winner.spec, lengths, gpus_per_node, cost, winner.makespan, table=step.table
+    )
     if local != winner.spec and all(c.spec != local for c in evaluated):
-        evaluated.append(step.evaluate(local))
+        evaluated.append(step.evaluate(local, like=winner.spec))
         winner = _pick(evaluated)
     if cur is not None and winner.spec != cur:
         cur_c = step.evaluate(cur)

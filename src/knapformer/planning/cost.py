@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from knapformer.fileio import atomic_open
+from appshell.atomic import atomic_open
 
 __all__ = ["TERMS", "CostModel", "CostModelError", "cost_terms"]
 
@@ -28,11 +28,24 @@ _PROFILE_KIND = "knapformer-cost-profile"
 TERMS = ("a", "b", "c", "e")  # coefficient names, in the order of cost_terms' columns
 
 
+def _basis(k: int, L: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Column ``k`` of the cost formula's basis ``(L/g, L^2/g, L(g-1)/g, 1)`` (broadcast)."""
+    if k == 0:
+        return L / g
+    if k == 1:
+        return L * L / g
+    if k == 2:
+        return L * (g - 1.0) / g
+    return np.ones(np.broadcast_shapes(L.shape, g.shape))
+
+
 def cost_terms(L: Any, g: Any = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The basis of the cost formula, broadcast over ``L`` and ``g``:
     ``(L/g, L^2/g, L(g-1)/g, 1)``, so that ``t = a, b, c, e`` dotted with these."""
-    L, g = np.broadcast_arrays(np.asarray(L, dtype=np.float64), np.asarray(g, dtype=np.float64))
-    return L / g, L * L / g, L * (g - 1.0) / g, np.ones_like(L)
+    L, g = np.asarray(L, dtype=np.float64), np.asarray(g, dtype=np.float64)
+    shape = np.broadcast_shapes(L.shape, g.shape)
+    cols = [_basis(k, L, g) for k in range(len(TERMS))]
+    return tuple(np.broadcast_to(c, shape) for c in cols)  # type: ignore[return-value]
 
 
 class CostModelError(ValueError):
@@ -100,11 +113,11 @@ class CostModel:
 
     def t(self, L: Any, g: Any = 1) -> Any:
         """Per-GPU cost of a length-``L`` sequence in a ``g``-GPU bag (broadcasts over arrays)."""
-        terms = cost_terms(L, g)
-        out = self.a * terms[0]
-        for k, col in zip((self.b, self.c, self.e), terms[1:], strict=True):
-            if k != 0.0:  # (zero terms skipped: the planner calls this on every step)
-                out = out + k * col
+        L, g = np.asarray(L, dtype=np.float64), np.asarray(g, dtype=np.float64)
+        out = self.a * _basis(0, L, g)
+        for k, coef in enumerate((self.b, self.c, self.e), start=1):
+            if coef != 0.0:  # (zero terms skipped: the planner calls this on every step)
+                out = out + coef * _basis(k, L, g)
         return out if out.ndim else float(out)
 
     def table(self, lengths: Any, sizes: Any) -> np.ndarray:
@@ -170,12 +183,10 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:
+        from appshell.inputs import InputFileError, load_json
+
         try:
-            with open(path) as f:
-                d = json.load(f)
-        except OSError as exc:
-            msg = f"cannot read cost profile {str(path)!r}: {exc.strerror}"
-            raise CostModelError(msg) from None
-        except json.JSONDecodeError as exc:
-            raise CostModelError(f"cost profile {str(path)!r} is not valid JSON: {exc}") from None
+            d = load_json(path, what="cost profile")
+        except InputFileError as exc:
+            raise CostModelError(f"cannot read cost profile: {exc}") from None
         return cls.from_dict(d)

@@ -200,6 +200,26 @@ def _fast_flatten(
     return flat, src
 
 
+# Token counts must stay exact in int64 sums and float64 loads: at most 2^40 tokens per
+# sequence and 2^53 per step (far above any real step), so sums never wrap around.
+MAX_SEQUENCE_LENGTH = 1 << 40
+MAX_STEP_TOKENS = 1 << 53
+
+
+def _check_magnitudes(flat: np.ndarray) -> None:
+    if flat.size == 0:
+        return
+    longest = int(flat.max())
+    if longest > MAX_SEQUENCE_LENGTH:
+        raise PlanError(
+            f"a sequence of {longest} tokens is longer than the limit of 2^40 "
+            f"({MAX_SEQUENCE_LENGTH}) tokens"
+        )
+    total = int(flat.sum())  # cannot wrap: <= 2^40 * count, and count < 2^23 in any real step
+    if longest * flat.size >= 1 << 62 or total > MAX_STEP_TOKENS:
+        raise PlanError(f"the step has more than 2^53 ({MAX_STEP_TOKENS}) tokens in total")
+
+
 def validate_lengths(
     lengths: Sequence[Sequence[int]], world_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -212,6 +232,7 @@ def validate_lengths(
         )
     fast = _fast_flatten(lengths, world_size)
     if fast is not None:
+        _check_magnitudes(fast[0])
         return fast
     arrs: list[np.ndarray] = []
     counts = np.zeros(world_size, dtype=np.int64)
@@ -240,6 +261,7 @@ def validate_lengths(
         arrs.append(a)
         counts[r] = a.size
     flat = np.concatenate(arrs) if arrs else np.zeros(0, dtype=np.int64)
+    _check_magnitudes(flat)
     src = np.arange(world_size, dtype=np.int64).repeat(counts)
     return flat, src
 

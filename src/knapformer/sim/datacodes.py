@@ -12,7 +12,6 @@ Pure: plain data in and out, numpy only.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -194,13 +193,13 @@ def load_lengths_file(path: str | Path) -> list[list[list[int]]]:
     Accepted: `{"ranks": [[len, ...], ...]}` (one step, the `knapformer plan` format) or
     `{"steps": [{"ranks": [...]}, ...]}` / `{"steps": [[[len, ...], ...], ...]}` (several steps).
     """
+    from appshell.inputs import InputFileError, load_json
+
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise LengthsFileError(f"lengths file {str(p)!r} does not exist") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise LengthsFileError(f"lengths file {str(p)!r} is not readable JSON: {exc}") from None
+        data = load_json(p, what="lengths file")
+    except InputFileError as exc:
+        raise LengthsFileError(f"lengths file: {exc}") from None
     if not isinstance(data, dict) or not ({"ranks", "steps"} & data.keys()):
         raise LengthsFileError(
             f"lengths file {str(p)!r}: expected an object with 'ranks' or 'steps'"

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from knapformer.fileio import atomic_open
+from appshell.atomic import atomic_open
 from knapformer.sim.metrics import flow_matrix
 
 __all__ = ["atomic_savefig", "plot_loads", "plot_routing"]

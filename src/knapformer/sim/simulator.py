@@ -132,9 +132,18 @@ def _auto_chooser(
 
 
 def _run(
-    steps: Steps, layout: BagLayout, cost: CostModel, solver: str, options: dict[str, Any]
+    steps: Steps,
+    layout: BagLayout,
+    cost: CostModel,
+    solver: str,
+    options: dict[str, Any],
+    tick: Callable[[], None] = lambda: None,
 ) -> list[Plan]:
-    return [plan_step(step, layout, cost, solver=solver, **options) for step in steps]
+    plans = []
+    for step in steps:
+        plans.append(plan_step(step, layout, cost, solver=solver, **options))
+        tick()
+    return plans
 
 
 def simulate(
@@ -146,8 +155,11 @@ def simulate(
     strategies: Sequence[str] = STRATEGIES,
     options: dict[str, Any] | None = None,
     hysteresis: float = 0.02,
+    on_plan: Callable[[int, int], None] | None = None,
 ) -> SimulationResult:
     """Run every requested strategy on the same steps (`steps[i][rank]` = lengths).
+
+    ``on_plan(done, total)`` is called after every planned step (for a progress bar).
 
     With ``spec="auto"`` the layout is chosen every step, keeping the previous one unless the
     best is better by more than ``hysteresis`` (relative makespan); the choice time is
@@ -178,6 +190,18 @@ def simulate(
                 f"(--gpus-per-node {gpus_per_node}); order the terms so bags stay inside a node"
             )
 
+    cands: list[str] = []
+    if "reference-best-homogeneous" in strategies:
+        cands = list(homogeneous_specs(world, num_heads, gpus_per_node))
+    passes = int("ours" in strategies or "none" in strategies)
+    passes += int("reference" in strategies and fixed is not None) + len(cands)
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        if on_plan is not None:
+            on_plan(done[0], passes * len(steps))
+
     results: list[StrategyResult] = []
     examples: dict[str, Plan] = {}
     scores: dict[str, float] = {}
@@ -193,9 +217,10 @@ def simulate(
                 layout = choose(step)
                 layout_ms[i] = (time.perf_counter() - t0) * 1e3
                 ours_plans.append(plan_step(step, layout, cost, solver="ours", **options))
+                tick()
         else:
             assert fixed is not None
-            ours_plans = _run(steps, fixed, cost, "ours", options)
+            ours_plans = _run(steps, fixed, cost, "ours", options, tick)
 
     if "none" in strategies:
         assert ours_plans is not None
@@ -204,13 +229,12 @@ def simulate(
         )
     ref_fixed: list[Plan] | None = None
     if "reference" in strategies and fixed is not None:
-        ref_fixed = _run(steps, fixed, cost, "reference", {})
+        ref_fixed = _run(steps, fixed, cost, "reference", {}, tick)
         results.append(
             StrategyResult("reference", fixed.spec, tuple(plan_metrics(p) for p in ref_fixed))
         )
         examples["reference"] = ref_fixed[0]
     if "reference-best-homogeneous" in strategies:
-        cands = homogeneous_specs(world, num_heads, gpus_per_node)
         if not cands:
             raise SimulationError(
                 f"no homogeneous spec fits world={world}, heads={num_heads}, "
@@ -221,8 +245,10 @@ def simulate(
             layout = BagLayout.parse(cand, world, num_heads)
             if ref_fixed is not None and layout.spec == fixed.spec:  # type: ignore[union-attr]
                 runs[cand] = ref_fixed
+                for _ in steps:
+                    tick()
             else:
-                runs[cand] = _run(steps, layout, cost, "reference", {})
+                runs[cand] = _run(steps, layout, cost, "reference", {}, tick)
             scores[cand] = float(np.mean([p.balanced_max_over_mean for p in runs[cand]]))
         best_score = min(scores.values())
         best = next(c for c in cands if scores[c] <= best_score * (1 + TIE_TOLERANCE))

@@ -17,7 +17,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from knapformer.fileio import atomic_open
+from appshell.atomic import atomic_open
+from appshell.inputs import InputFileError, load_json, read_text
 
 __all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
@@ -56,7 +57,7 @@ def latest_checkpoint(root: str | Path) -> Path:
     marker = root / "latest"
     if not marker.exists():
         raise CheckpointError(f"--resume: no checkpoint in {str(root)!r} (no 'latest' file)")
-    path = root / marker.read_text().strip()
+    path = root / read_text(marker, max_bytes=4096, what="checkpoint marker").strip()
     if not (path / "trainer.json").exists():
         raise CheckpointError(f"--resume: checkpoint {str(path)!r} is incomplete")
     return path
@@ -66,9 +67,9 @@ def load_checkpoint(root: str | Path, model: nn.Module, optim: Any) -> dict[str,
     """Collective: restore model and optimiser in place; returns the trainer state."""
     path = latest_checkpoint(root)
     try:
-        extra = json.loads((path / "trainer.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"--resume: cannot read {path / 'trainer.json'}: {exc}") from None
+        extra = load_json(path / "trainer.json", what="trainer state")
+    except InputFileError as exc:
+        raise CheckpointError(f"--resume: {exc}") from None
     msd, osd = get_state_dict(model, optim)
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(path))

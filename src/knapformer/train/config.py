@@ -20,6 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from appshell.inputs import InputFileError, read_text
 from knapformer.models.mmdit import MMDiTConfig, MMDiTInputError, mmdit_config
 from knapformer.planning.layout import BagLayout, LayoutError
 from knapformer.sim.datacodes import DataCodeError, parse_data_codes
@@ -205,6 +206,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         parsed = tomllib.loads(f"v = {value.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         parsed = value.strip()
+    except RecursionError:
+        raise ConfigError(f"bad override {key!r}: value nested too deeply") from None
     return key, parsed
 
 
@@ -228,11 +231,15 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if path is not None:
         p = Path(path)
         try:
-            raw = tomllib.loads(p.read_text())
+            if not p.exists():
+                raise FileNotFoundError(p)
+            raw = tomllib.loads(read_text(p, max_bytes=1 << 20, what="config file"))
         except FileNotFoundError:
             raise ConfigError(f"config file {str(p)!r} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, InputFileError) as exc:
             raise ConfigError(f"config file {str(p)!r} is not readable: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {str(p)!r} is nested too deeply") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
     return build_config(apply_overrides(raw, overrides or {}))

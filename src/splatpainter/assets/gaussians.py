@@ -82,9 +82,11 @@ def rgb_to_sh_dc(rgb: torch.Tensor) -> torch.Tensor:
     return (rgb - 0.5) / SH_C0
 
 
-def sh_dc_to_rgb(dc: torch.Tensor) -> torch.Tensor:
-    """View-independent colour of a DC coefficient, clamped at zero like the renderer."""
-    return (0.5 + SH_C0 * dc).clamp_min(0.0)
+def sh_dc_to_rgb(dc: torch.Tensor, *, clamp: bool = True) -> torch.Tensor:
+    """View-independent colour of a DC coefficient, clamped at zero like the renderer
+    (clamp=False: the linear value 0.5 + C0 dc, to which colour edits of the DC term add)."""
+    rgb = 0.5 + SH_C0 * dc
+    return rgb.clamp_min(0.0) if clamp else rgb
 
 
 def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:

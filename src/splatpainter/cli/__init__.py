@@ -10,6 +10,8 @@ from splatpainter.cli import (
     evaluate,  # noqa: F401
     info,  # noqa: F401
     render,  # noqa: F401
+    serve,  # noqa: F401
+    session,  # noqa: F401
     train,  # noqa: F401
 )
 from splatpainter.cli.app import app

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from appshell.cli import App
 from splatpainter import __version__
 
-app = typer.Typer(
-    help="SplatPainter: edit 3D Gaussian Splatting assets from 2D edits.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+app = App(help="SplatPainter: edit 3D Gaussian Splatting assets from 2D edits.")
 
 
 @app.callback()

@@ -6,10 +6,13 @@ from pathlib import Path
 
 import typer
 
+from appshell.atomic import check_outputs
+from appshell.cli import JsonFlag, UserError, note, print_json, status
+from appshell.inputs import check_regular_file
 from splatpainter.cli.app import app
-from splatpainter.cli.info import user_errors
+from splatpainter.cli.options import EditKind, EditMethod, kernel_warmup, read_asset
 
-METHODS = ("model", "backproject", "optimize")
+METHODS = tuple(m.value for m in EditMethod)
 UNTRAINED_WARNING = (
     "warning: --method model is using untrained, deterministically seeded weights; the result "
     "is not a meaningful edit (give trained weights with --weights)"
@@ -29,19 +32,25 @@ def make_method(method: str, weights: Path | None, steps: int, kind: str = "auto
 
     model = load_editor(weights)
     if not model.trained:
-        typer.echo(UNTRAINED_WARNING, err=True)
+        note(UNTRAINED_WARNING)
     return ModelMethod(model, kind=kind)
 
 
 @app.command()
 def edit(
     asset_path: Path = typer.Argument(..., metavar="ASSET", help=".ply or .splat file"),
-    view: list[Path] = typer.Option(..., help="camera JSON of an edited view (repeatable)"),
-    image: list[Path] = typer.Option(..., help="edited image for the matching --view"),
-    mask: list[Path] | None = typer.Option(
-        None, help="mask PNG for the matching --view (none: pixels that differ from the render)"
+    view: list[Path] = typer.Option(
+        ..., metavar="CAM.json", help="camera JSON of an edited view (repeatable)"
     ),
-    method: str = typer.Option("model", help="model, backproject or optimize"),
+    image: list[Path] = typer.Option(
+        ..., metavar="IMAGE.png", help="edited image for the matching --view (repeatable)"
+    ),
+    mask: list[Path] | None = typer.Option(
+        None,
+        metavar="MASK.png",
+        help="mask PNG for the matching --view (none: pixels that differ from the render)",
+    ),
+    method: EditMethod = typer.Option("model", help="editing method"),
     weights: Path | None = typer.Option(
         None,
         help="editor weights (.safetensors or checkpoint) for --method model; default: shipped",
@@ -49,57 +58,70 @@ def edit(
     session: Path | None = typer.Option(
         None, help="session file: continued if it exists (ASSET is then ignored), saved after"
     ),
-    steps: int = typer.Option(500, help="Adam steps for --method optimize"),
-    kind: str = typer.Option(
-        "auto", help="edit-kind hint for --method model: auto, paint, recolor, relight, detail"
-    ),
+    steps: int = typer.Option(500, min=0, help="Adam steps for --method optimize"),
+    kind: EditKind = typer.Option("auto", help="edit-kind hint for --method model"),
     out: Path = typer.Option(..., help="output asset (.ply or .splat)"),
+    json_out: JsonFlag = False,
 ) -> None:
     """Apply one edit (one or several views at once) to an asset and write the result."""
-    with user_errors():
-        if method not in METHODS:
-            raise ValueError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
-        if len(view) != len(image):
-            raise ValueError(f"got {len(view)} --view but {len(image)} --image; give one per view")
-        masks = list(mask or [])
-        if masks and len(masks) != len(view):
-            raise ValueError(
-                f"got {len(masks)} --mask for {len(view)} views; give none or one each"
-            )
-        from splatpainter.model.stage2 import EDIT_HINTS
+    method, kind = method.value, kind.value
+    if len(view) != len(image):
+        raise UserError(f"got {len(view)} --view but {len(image)} --image; give one per view")
+    masks = list(mask or [])
+    if masks and len(masks) != len(view):
+        raise UserError(f"got {len(masks)} --mask for {len(view)} views; give none or one each")
+    from splatpainter.model.stage2 import EDIT_HINTS
 
-        if kind not in EDIT_HINTS:
-            raise ValueError(f"--kind must be one of {', '.join(EDIT_HINTS)}, got {kind!r}")
-        if method != "model" and weights is not None:
-            raise ValueError("--weights only applies to --method model")
+    if kind not in EDIT_HINTS:
+        raise UserError(f"--kind must be one of {', '.join(EDIT_HINTS)}, got {kind!r}")
+    if method != "model" and weights is not None:
+        raise UserError("--weights only applies to --method model")
+    if out.suffix.lower() not in (".ply", ".splat"):
+        raise UserError(f"--out {out}: unknown asset format; use .ply or .splat")
+    # Every output path is checked before anything is written (a bad --session must not
+    # leave --out written), and an existing session must be a regular file.
+    check_outputs(out, session)
+    if session is not None and session.exists():
+        check_regular_file(session, what="session file")
 
-        from splatpainter.camera import load_camera
-        from splatpainter.edit import EditSession, EditView
-        from splatpainter.io import load_asset
-        from splatpainter.io.images import load_image, load_mask
+    from splatpainter.camera import load_camera
+    from splatpainter.edit import EditSession, EditView
+    from splatpainter.io.images import load_image, load_mask
 
-        views = []
-        for i, (cam_path, img_path) in enumerate(zip(view, image, strict=True)):
-            try:
-                cam = load_camera(cam_path)
-            except ValueError as e:
-                raise ValueError(f"{cam_path}: {e}") from None
-            m = load_mask(masks[i]) if masks else None
-            views.append(EditView(cam, load_image(img_path), m, name=str(img_path)).validate())
+    views = []
+    for i, (cam_path, img_path) in enumerate(zip(view, image, strict=True)):
+        cam = load_camera(cam_path)  # CameraError names the file
+        m = load_mask(masks[i]) if masks else None
+        views.append(EditView(cam, load_image(img_path), m, name=str(img_path)).validate())
 
+    with status("loading the editor"):
         meth = make_method(method, weights, steps, kind)
-        if session is not None and session.exists():
-            sess = EditSession.load(session, meth)
-        else:
-            sess = EditSession(load_asset(asset_path), meth)
+    if session is not None and session.exists():
+        sess = EditSession.load(session, meth)
+    else:
+        sess = EditSession(read_asset(asset_path), meth)
+    if sess.asset.num_gaussians == 0:
+        raise UserError("the asset has no Gaussians: nothing to edit")
+    kernel_warmup()
+    with status(f"applying the edit ({method})"):
         sess.apply(views)
-        sess.export(out)
-        if session is not None:
-            sess.save(session)
-        changed = int(
-            (sess.history[-1].asset.sh != sess.history[-2].asset.sh).flatten(1).any(1).sum()
-        )
-        typer.echo(
-            f"{method}: edit {len(sess.history) - 1} applied in {sess.history[-1].seconds:.2f} s, "
-            f"{changed} of {sess.asset.num_gaussians} Gaussians changed -> {out}"
-        )
+    sess.export(out)
+    if session is not None:
+        sess.save(session)
+    changed = int((sess.history[-1].asset.sh != sess.history[-2].asset.sh).flatten(1).any(1).sum())
+    result = {
+        "method": method,
+        "edit": len(sess.history) - 1,
+        "seconds": sess.history[-1].seconds,
+        "changed_gaussians": changed,
+        "num_gaussians": sess.asset.num_gaussians,
+        "out": str(out),
+        "session": None if session is None else str(session),
+    }
+    if json_out:
+        print_json(result)
+        return
+    typer.echo(
+        f"{method}: edit {result['edit']} applied in {result['seconds']:.2f} s, "
+        f"{changed} of {result['num_gaussians']} Gaussians changed -> {out}"
+    )

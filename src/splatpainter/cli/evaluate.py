@@ -7,13 +7,13 @@ report), and writes a grid PNG per edit kind plus report.json into --out.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
+from appshell.atomic import check_output_dir
+from appshell.cli import JsonFlag, UserError, note, print_json
 from splatpainter.cli.app import app
-from splatpainter.cli.info import user_errors
 
 UNTRAINED_WARNING = (
     "warning: the editor model has untrained, deterministically seeded weights; its rows are "
@@ -26,7 +26,7 @@ def _parse_range(text: str, what: str) -> tuple[int, int]:
     try:
         a, b = int(lo), int(hi if sep else lo)
     except ValueError:
-        raise ValueError(f"--{what}: expected MIN-MAX (e.g. 5000-8000), got {text!r}") from None
+        raise UserError(f"--{what}: expected MIN-MAX (e.g. 5000-8000), got {text!r}") from None
     return a, b
 
 
@@ -38,21 +38,27 @@ def _progress_console():
 
 @app.command()
 def evaluate(
-    suite: str = typer.Option("procedural", help="evaluation suite (procedural)"),
-    seeds: str = typer.Option("0-7", help="evaluation seeds: A-B, A or a comma list (< 100000)"),
+    suite: str = typer.Option("procedural", metavar="SUITE", help="evaluation suite (procedural)"),
+    seeds: str = typer.Option(
+        "0-7", metavar="SEEDS", help="evaluation seeds: A-B, A or a comma list (< 100000)"
+    ),
     methods: str = typer.Option(
-        "model,backproject,optimize", help="comma list of model, backproject, optimize"
+        "model,backproject,optimize",
+        metavar="LIST",
+        help="comma list of model, backproject, optimize",
     ),
     kinds: str = typer.Option(
-        "paint,recolor,global,relight,detail", help="comma list of edit kinds"
+        "paint,recolor,global,relight,detail", metavar="LIST", help="comma list of edit kinds"
     ),
-    as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
+    as_json: JsonFlag = False,
     out: Path = typer.Option(Path("out/evaluate"), help="folder for grid PNGs and report.json"),
     weights: Path | None = typer.Option(
         None, help="editor weights for method model (default: the shipped ones)"
     ),
-    hint: str = typer.Option("kind", help="model edit-kind hint: kind (the true one) or auto"),
-    gaussians: str = typer.Option("5000-8000", help="asset size range MIN-MAX"),
+    hint: str = typer.Option(
+        "kind", metavar="HINT", help="model edit-kind hint: kind (the true one) or auto"
+    ),
+    gaussians: str = typer.Option("5000-8000", metavar="MIN-MAX", help="asset size range MIN-MAX"),
     view_size: int = typer.Option(128, help="edit and held-out view size (pixels)"),
     heldout: int = typer.Option(8, help="held-out views per scene"),
     optimize_steps: int = typer.Option(500, help="Adam steps of the optimize baseline"),
@@ -62,51 +68,51 @@ def evaluate(
     grid_rows: int = typer.Option(3, help="seeds shown in each grid PNG"),
 ) -> None:
     """Score editing methods on held-out views against 3D ground truth, per edit kind."""
-    with user_errors():
-        from splatpainter.eval.suite import (
-            HINT_MODES,
-            METHODS,
-            EvalConfig,
-            EvalError,
-            parse_names,
-            parse_seeds,
-        )
-        from splatpainter.train.data import KINDS
+    from splatpainter.eval.suite import (
+        HINT_MODES,
+        METHODS,
+        EvalConfig,
+        EvalError,
+        parse_names,
+        parse_seeds,
+    )
+    from splatpainter.train.data import KINDS
 
-        if hint not in HINT_MODES:
-            raise EvalError(f"--hint must be one of {', '.join(HINT_MODES)}, got {hint!r}")
-        lo, hi = _parse_range(gaussians, "gaussians")
-        config = EvalConfig(
-            seeds=parse_seeds(seeds),
-            methods=parse_names(methods, METHODS, "methods"),
-            kinds=parse_names(kinds, KINDS, "kinds"),
-            suite=suite,
-            min_gaussians=lo,
-            max_gaussians=hi,
-            view_size=view_size,
-            num_heldout=heldout,
-            optimize_steps=optimize_steps,
-            hint=hint,
-            forgetting=forgetting,
-            grid_rows=grid_rows,
-        ).validate()
-        if weights is not None and "model" not in config.methods:
-            raise EvalError("--weights only applies when --methods includes model")
+    if hint not in HINT_MODES:
+        raise EvalError(f"--hint must be one of {', '.join(HINT_MODES)}, got {hint!r}")
+    lo, hi = _parse_range(gaussians, "gaussians")
+    config = EvalConfig(
+        seeds=parse_seeds(seeds),
+        methods=parse_names(methods, METHODS, "methods"),
+        kinds=parse_names(kinds, KINDS, "kinds"),
+        suite=suite,
+        min_gaussians=lo,
+        max_gaussians=hi,
+        view_size=view_size,
+        num_heldout=heldout,
+        optimize_steps=optimize_steps,
+        hint=hint,
+        forgetting=forgetting,
+        grid_rows=grid_rows,
+    ).validate()
+    if weights is not None and "model" not in config.methods:
+        raise EvalError("--weights only applies when --methods includes model")
+    check_output_dir(out)  # before the run, not after it
 
-        model, label = None, None
-        if "model" in config.methods:
-            from splatpainter.eval.suite import load_model
+    model, label = None, None
+    if "model" in config.methods:
+        from splatpainter.eval.suite import load_model
 
-            model, label = load_model(weights)
-            if not model.trained:
-                typer.echo(UNTRAINED_WARNING, err=True)
-        result = run_with_progress(config, model, label)
-        from splatpainter.eval.suite import write_outputs
+        model, label = load_model(weights)
+        if not model.trained:
+            note(UNTRAINED_WARNING)
+    result = run_with_progress(config, model, label)
+    from splatpainter.eval.suite import write_outputs
 
-        write_outputs(result, out)
+    write_outputs(result, out)
 
     if as_json:
-        typer.echo(json.dumps(result.report, indent=2))
+        print_json(result.report)
         return
     from rich.console import Console
 

@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from appshell.cli import JsonFlag, print_json
 from splatpainter.cli.app import app
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn bad-input errors (ValueError, OSError) into a one-line message and exit code 2."""
-    try:
-        yield
-    except (ValueError, OSError) as e:
-        msg = str(e) or type(e).__name__
-        if isinstance(e, OSError) and e.filename is not None:
-            msg = f"{e.filename}: {e.strerror or e}"
-        typer.echo(f"error: {msg}", err=True)
-        raise typer.Exit(code=2) from None
+from splatpainter.cli.options import read_asset
 
 
 def asset_summary(asset: Any) -> dict[str, Any]:
@@ -72,15 +58,13 @@ def _fmt_stats(s: dict[str, float]) -> str:
 @app.command()
 def info(
     asset_path: Path = typer.Argument(..., metavar="ASSET", help=".ply or .splat file"),
-    as_json: bool = typer.Option(False, "--json", help="print the statistics as JSON"),
+    as_json: JsonFlag = False,
 ) -> None:
     """Print Gaussian count, SH degree, bounds and attribute statistics of an asset."""
-    with user_errors():
-        from splatpainter.io import load_asset
 
-        summary = {"path": str(asset_path), **asset_summary(load_asset(asset_path))}
+    summary = {"path": str(asset_path), **asset_summary(read_asset(asset_path))}
     if as_json:
-        typer.echo(json.dumps(summary, indent=2))
+        print_json(summary)
         return
     lines = [
         f"file          {summary['path']}",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
+from appshell.atomic import check_output_dir
+from appshell.cli import JsonFlag, UserError, print_json
 from splatpainter.cli.app import app
-from splatpainter.cli.info import user_errors
 
 
 @app.command()
@@ -18,7 +18,7 @@ def train(
     resume: bool = typer.Option(False, help="continue from the checkpoint in --out"),
     steps: int | None = typer.Option(None, help="override optim.steps"),
     cache_dir: Path | None = typer.Option(None, help="override data.cache_dir"),
-    json_out: bool = typer.Option(False, "--json", help="print a JSON summary at the end"),
+    json_out: JsonFlag = False,
 ) -> None:
     """Train the Stage I + Stage II editor on procedural 3D edits.
 
@@ -38,52 +38,52 @@ def train(
     from splatpainter.train.loop import WEIGHTS
     from splatpainter.train.loop import train as run_training
 
-    with user_errors():
-        cfg = load_config(config)
-        if steps is not None:
-            if steps < 1:
-                raise ValueError(f"--steps must be >= 1, got {steps}")
-            cfg.optim.steps = steps
-        if cache_dir is not None:
-            cfg.data.cache_dir = str(cache_dir)
-        console = Console(stderr=True)
-        last: dict = {}
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-        ) as progress:
-            cache_task = progress.add_task(
-                "edit data (built once, cached)", total=cfg.data.num_sequences, info=""
+    cfg = load_config(config)
+    if steps is not None:
+        if steps < 1:
+            raise UserError(f"--steps must be >= 1, got {steps}")
+        cfg.optim.steps = steps
+    if cache_dir is not None:
+        cfg.data.cache_dir = str(cache_dir)
+    check_output_dir(out)  # before the cache is built, not after
+    console = Console(stderr=True)
+    last: dict = {}
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    ) as progress:
+        cache_task = progress.add_task(
+            "edit data (built once, cached)", total=cfg.data.num_sequences, info=""
+        )
+        step_task = progress.add_task("training", total=cfg.optim.steps, info="")
+
+        def on_cache(done: int, total: int) -> None:
+            progress.update(cache_task, completed=done)
+
+        def on_step(step: int, row: dict) -> None:
+            last.update(row)
+            progress.update(
+                step_task,
+                completed=step + 1,
+                info=f"loss {row['loss']:.4f} lr {row['lr']:.2e}",
             )
-            step_task = progress.add_task("training", total=cfg.optim.steps, info="")
 
-            def on_cache(done: int, total: int) -> None:
-                progress.update(cache_task, completed=done)
-
-            def on_step(step: int, row: dict) -> None:
-                last.update(row)
-                progress.update(
-                    step_task,
-                    completed=step + 1,
-                    info=f"loss {row['loss']:.4f} lr {row['lr']:.2e}",
-                )
-
-            progress.update(cache_task, completed=0)
-            run_training(cfg, out, resume=resume, on_cache=on_cache, on_step=on_step)
-            progress.update(cache_task, completed=cfg.data.num_sequences)
-        summary = {
-            "out": str(out),
-            "weights": str(out / WEIGHTS),
-            "steps": cfg.optim.steps,
-            "last_loss": last.get("loss"),
-            "elapsed_s": last.get("elapsed_s"),
-        }
-        if json_out:
-            typer.echo(json.dumps(summary))
-        else:
-            typer.echo(f"wrote {out / WEIGHTS} (last loss {summary['last_loss']})")
+        progress.update(cache_task, completed=0)
+        run_training(cfg, out, resume=resume, on_cache=on_cache, on_step=on_step)
+        progress.update(cache_task, completed=cfg.data.num_sequences)
+    summary = {
+        "out": str(out),
+        "weights": str(out / WEIGHTS),
+        "steps": cfg.optim.steps,
+        "last_loss": last.get("loss"),
+        "elapsed_s": last.get("elapsed_s"),
+    }
+    if json_out:
+        print_json(summary, indent=None)
+    else:
+        typer.echo(f"wrote {out / WEIGHTS} (last loss {summary['last_loss']})")

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
+from splatpainter.assets.gaussians import SH_C0
 from splatpainter.edit.methods import EditMethod, write_back
 from splatpainter.edit.shares import Visibility, visibility
 from splatpainter.edit.signals import gather_signals
 from splatpainter.edit.views import EditView, effective_mask
-from splatpainter.model.stage1 import SH_C0
 
 
 class BackprojectMethod(EditMethod):

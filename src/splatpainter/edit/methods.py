@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
+from splatpainter.assets.gaussians import SH_C0, sh_dc_to_rgb
 from splatpainter.edit.signals import gather_signals
 from splatpainter.edit.views import EditView
-from splatpainter.model.stage1 import SH_C0, Stage1Latent
+from splatpainter.model.stage1 import Stage1Latent
 from splatpainter.model.stage2 import EDIT_HINTS, EditSample
 from splatpainter.model.ttt import FastWeights
 
@@ -78,9 +79,17 @@ def build_edit_sample(
     *,
     hint: str = "auto",
     background=(0.0, 0.0, 0.0),
+    solve_iters: int = 0,
+    solve_prior_px: float = 0.0,
 ) -> EditSample:
     """Render the edit views against the asset and assemble Stage II's input (no gradients)."""
-    signals, evidence = gather_signals(asset, views, background=background)
+    signals, evidence = gather_signals(
+        asset,
+        views,
+        background=background,
+        solve_iters=solve_iters,
+        solve_prior_px=solve_prior_px,
+    )
     vox = latent.vox
     pix = []
     for ev in evidence:
@@ -106,7 +115,7 @@ def build_edit_sample(
         latent=latent,
         views=pix,
         signals=signals,
-        colors=0.5 + SH_C0 * asset.sh[:, 0, :],
+        colors=sh_dc_to_rgb(asset.sh[:, 0, :], clamp=False),
         hint=hint,
     )
 
@@ -163,7 +172,15 @@ class ModelMethod(EditMethod):
     @torch.no_grad()
     def apply(self, asset, views: list[EditView], state: dict[str, Any]):
         latent: Stage1Latent = state["latent"]
-        sample = build_edit_sample(asset, views, latent, hint=self.kind, background=self.background)
+        sample = build_edit_sample(
+            asset,
+            views,
+            latent,
+            hint=self.kind,
+            background=self.background,
+            solve_iters=self.model.stage2.config.solve_iters,
+            solve_prior_px=self.model.stage2.config.solve_prior_px,
+        )
         if float(sample.signals.evidence(self.model.stage2.config.evidence_tau)) == 0.0:
             # Nothing seen or nothing changed: every delta would be exactly zero; the fast
             # weights stay as they were too.

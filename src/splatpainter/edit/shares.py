@@ -23,10 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from splatpainter.render.project import TILE, project_gaussians, tile_rects
+from splatpainter.render.project import ALPHA_MAX, ALPHA_MIN, TILE, project_gaussians, tile_rects
 
-ALPHA_MAX = 0.99  # the rasteriser's constants (render/reference.py, render/_kernels.py)
-ALPHA_MIN = 1.0 / 255.0
 CHUNK_PAIRS = 1 << 21  # (Gaussian, pixel) pairs evaluated at once: ~50 MB of temporaries
 
 

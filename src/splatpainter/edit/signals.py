@@ -40,9 +40,18 @@ def current_colors(asset, camera) -> torch.Tensor:
 
 
 def gather_signals(
-    asset, views: list[EditView], *, background=(0.0, 0.0, 0.0)
+    asset,
+    views: list[EditView],
+    *,
+    background=(0.0, 0.0, 0.0),
+    solve_iters: int = 0,
+    solve_prior_px: float = 0.0,
 ) -> tuple[GaussianSignals, list[ViewEvidence]]:
-    """Render every view once and accumulate per-Gaussian signals (no gradient leaves here)."""
+    """Render every view once and accumulate per-Gaussian signals (no gradient leaves here).
+
+    solve_iters > 0 also solves for the least-squares colour change of the touched Gaussians
+    (`GaussianSignals.solved`, see edit/solve.py).
+    """
     from splatpainter.render import render
 
     a = asset.detach()
@@ -50,7 +59,7 @@ def gather_signals(
     zeros = a.means.new_zeros(n)
     wm, wa, wt = zeros.clone(), zeros.clone(), zeros.clone()
     wr = a.means.new_zeros(n, 3)
-    evidence = []
+    evidence, contributing = [], []
     for view in views:
         cam = view.camera.to(a.device)
         with torch.no_grad():
@@ -70,9 +79,26 @@ def gather_signals(
         wm += g1[:, 0]
         wa += g1[:, 1]
         wt += g1[:, 2]
+        contributing.append(g1[:, 2] > 0)
         wr += g2
         evidence.append(ViewEvidence(view, ref, mask))
     has = wm > 0
+    solved = None
+    if solve_iters > 0:
+        from splatpainter.assets.gaussians import sh_dc_to_rgb
+        from splatpainter.edit.solve import solve_color_delta
+
+        base = sh_dc_to_rgb(a.sh[:, 0, :]).clamp_max(1.0)
+        solved = solve_color_delta(
+            a,
+            [ev.view.camera for ev in evidence],
+            [ev.mask[..., None] * (ev.view.image.to(ev.render) - ev.render) for ev in evidence],
+            has,
+            base,
+            contributing=contributing,
+            iters=solve_iters,
+            prior_px=solve_prior_px,
+        )
     safe = torch.where(has, wm, torch.ones_like(wm))
     signals = GaussianSignals(
         residual=torch.where(has[:, None], wr / safe[:, None], torch.zeros_like(wr)),
@@ -80,5 +106,6 @@ def gather_signals(
         support=torch.where(wt > 0, wm / torch.where(wt > 0, wt, torch.ones_like(wt)), zeros),
         in_mask_weight=wm,
         weight=wt,
+        solved=solved,
     )
     return signals, evidence

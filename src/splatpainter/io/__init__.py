@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from splatpainter.assets.gaussians import GaussianAsset
 from splatpainter.io.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from splatpainter.io.errors import AssetFormatError
@@ -17,6 +19,7 @@ from splatpainter.io.ply import (
     write_ply,
 )
 from splatpainter.io.splat import read_splat, splat_from_bytes, splat_to_bytes, write_splat
+from splatpainter.io.validate import check_asset_values
 
 SUPPORTED_EXTENSIONS = (".ply", ".splat")
 
@@ -31,20 +34,21 @@ def _ext(path: str | os.PathLike[str]) -> str:
     return ext
 
 
-def load_asset(path: str | os.PathLike[str]) -> GaussianAsset:
-    """Read a .ply or .splat file into a validated float32 CPU asset."""
+def load_asset(
+    path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32
+) -> GaussianAsset:
+    """Read a .ply or .splat file into a validated CPU asset (float64 reads a .splat so that
+    writing it back as .splat is byte-exact)."""
     ext = _ext(path)
-    asset = read_ply(path) if ext == ".ply" else read_splat(path)
-    try:
-        return asset.validate()
-    except AssetFormatError:
-        raise
-    except ValueError as e:
-        raise AssetFormatError(f"{path}: {e}") from None
+    asset = read_ply(path).to(dtype) if ext == ".ply" else read_splat(path, dtype=dtype)
+    return check_asset_values(asset, str(path))
 
 
 def save_asset(asset: GaussianAsset, path: str | os.PathLike[str], **kwargs: Any) -> None:
-    """Atomically write a .ply or .splat file (keyword options go to write_ply / write_splat)."""
+    """Atomically write a .ply or .splat file that `load_asset` accepts (checked before writing).
+
+    Keyword options go to write_ply / write_splat.
+    """
     ext = _ext(path)
     if ext == ".ply":
         write_ply(asset, path, **kwargs)
@@ -58,6 +62,7 @@ __all__ = [
     "atomic_open",
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_asset_values",
     "load_asset",
     "ply_from_bytes",
     "ply_to_bytes",

@@ -13,14 +13,15 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from appshell.atomic import atomic_write_bytes
+from appshell.inputs import InputFileError, read_bytes
 from splatpainter.assets.gaussians import GaussianAsset
-from splatpainter.io.atomic import atomic_open
 from splatpainter.io.errors import AssetFormatError
+from splatpainter.io.validate import check_asset_values
 
 _PLY_TYPES = {
     "char": "i1",
@@ -44,6 +45,7 @@ _NP_TO_PLY = {"i1": "char", "u1": "uchar", "i2": "short", "u2": "ushort", "i4": 
               "u4": "uint", "f4": "float", "f8": "double"}  # fmt: skip
 _FORMATS = {"ascii": "", "binary_little_endian": "<", "binary_big_endian": ">"}
 MAX_HEADER_BYTES = 1 << 20
+MAX_ASSET_BYTES = 8 << 30  # 8 GiB: ~30M Gaussians at SH degree 3
 
 _DC = ["f_dc_0", "f_dc_1", "f_dc_2"]
 _SCALE = ["scale_0", "scale_1", "scale_2"]
@@ -58,8 +60,9 @@ _FEAT_RE = re.compile(r"feat_(\d+)$")
 class _Element:
     name: str
     count: int
-    props: list[tuple[str, str]]  # (name, numpy type code); list properties are rejected
+    props: list[tuple[str, str]]  # (name, numpy type code, or "list")
     has_list: bool = False
+    list_types: dict[str, tuple[str, str]] | None = None  # list property -> (count, item) codes
 
 
 @dataclass
@@ -103,8 +106,15 @@ def _parse_header(data: bytes, source: str) -> _Header:
             if not elements:
                 raise AssetFormatError(f"{source}: PLY property before any element: {ln!r}")
             if len(parts) == 5 and parts[1] == "list":
-                elements[-1].has_list = True
-                elements[-1].props.append((parts[4], "list"))
+                if parts[2] not in _PLY_TYPES or parts[3] not in _PLY_TYPES:
+                    raise AssetFormatError(f"{source}: malformed PLY list property line {ln!r}")
+                el = elements[-1]
+                el.has_list = True
+                el.props.append((parts[4], "list"))
+                el.list_types = {
+                    **(el.list_types or {}),
+                    parts[4]: (_PLY_TYPES[parts[2]], _PLY_TYPES[parts[3]]),
+                }
                 continue
             if len(parts) != 3 or parts[1] not in _PLY_TYPES:
                 raise AssetFormatError(f"{source}: malformed PLY property line {ln!r}")
@@ -136,12 +146,7 @@ def _read_vertex_table(data: bytes, header: _Header, source: str) -> np.ndarray:
         return _read_ascii(data, header, vi, source)
     offset = header.data_offset
     for el in header.elements[:vi]:
-        if el.has_list:
-            raise AssetFormatError(
-                f"{source}: element {el.name!r} with list properties precedes 'vertex' "
-                "in a binary PLY (not supported)"
-            )
-        offset += el.count * np.dtype([(p, endian + t) for p, t in el.props]).itemsize
+        offset = _skip_element(data, offset, el, endian, source)
     dtype = np.dtype([(p, endian + t) for p, t in vertex.props])
     need = n * dtype.itemsize
     have = len(data) - offset
@@ -151,7 +156,41 @@ def _read_vertex_table(data: bytes, header: _Header, source: str) -> np.ndarray:
             f"file has {max(have, 0)}"
         )
     table = np.frombuffer(data, dtype=dtype, count=n, offset=offset)
+    end = offset + need
+    for el in header.elements[vi + 1 :]:
+        end = _skip_element(data, end, el, endian, source)
+    if end != len(data):
+        raise AssetFormatError(
+            f"{source}: {len(data) - end} bytes after the declared elements (the header's "
+            f"counts do not match the data: {n} vertices declared)"
+        )
     return table.astype(dtype.newbyteorder("="), copy=False)
+
+
+def _skip_element(data: bytes, offset: int, el: _Element, endian: str, source: str) -> int:
+    """Offset just past a binary element's data (list properties walked one row at a time)."""
+    if not el.has_list:
+        end = offset + el.count * np.dtype([(p, endian + t) for p, t in el.props]).itemsize
+        if end > len(data):
+            raise AssetFormatError(f"{source}: truncated PLY in element {el.name!r}")
+        return end
+    lists = el.list_types or {}
+    for _ in range(el.count):
+        for name, code in el.props:
+            if code != "list":
+                offset += np.dtype(code).itemsize
+                continue
+            count_code, item_code = lists[name]
+            size = np.dtype(count_code).itemsize
+            if offset + size > len(data):
+                raise AssetFormatError(f"{source}: truncated PLY in element {el.name!r}")
+            k = int(np.frombuffer(data, endian + count_code, 1, offset)[0])
+            if k < 0:
+                raise AssetFormatError(f"{source}: negative list length in element {el.name!r}")
+            offset += size + k * np.dtype(item_code).itemsize
+        if offset > len(data):
+            raise AssetFormatError(f"{source}: truncated PLY in element {el.name!r}")
+    return offset
 
 
 def _read_ascii(data: bytes, header: _Header, vi: int, source: str) -> np.ndarray:
@@ -165,6 +204,12 @@ def _read_ascii(data: bytes, header: _Header, vi: int, source: str) -> np.ndarra
         raise AssetFormatError(
             f"{source}: truncated ASCII PLY: expected {vertex.count} vertex lines, "
             f"found {len(rows)}"
+        )
+    declared = sum(el.count for el in header.elements)
+    if len(lines) > declared:
+        raise AssetFormatError(
+            f"{source}: {len(lines) - declared} lines after the declared elements (the header's "
+            f"counts do not match the data: {vertex.count} vertices declared)"
         )
     nprops = len(vertex.props)
     tokens: list[bytes] = []
@@ -229,9 +274,9 @@ def read_ply_with_extras(
     """
     source = str(path)
     try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise AssetFormatError(f"cannot read {source}: {e.strerror or e}") from None
+        data = read_bytes(path, max_bytes=MAX_ASSET_BYTES, what="PLY file")
+    except InputFileError as e:
+        raise AssetFormatError(str(e)) from None
     return ply_from_bytes(data, source)
 
 
@@ -239,6 +284,10 @@ def ply_from_bytes(
     data: bytes, source: str = "<bytes>"
 ) -> tuple[GaussianAsset, dict[str, np.ndarray]]:
     header = _parse_header(data, source)
+    declared = [p for e in header.elements if e.name == "vertex" for p, _ in e.props]
+    missing = [n for n in _REQUIRED if n not in declared]
+    if declared and missing:  # named before any size check: the clearer message
+        raise AssetFormatError(f"{source}: missing required vertex property(ies): {missing}")
     table = _read_vertex_table(data, header, source)
     names = list(table.dtype.names or ())
     missing = [n for n in _REQUIRED if n not in names]
@@ -282,6 +331,7 @@ def ply_from_bytes(
         sh=torch.from_numpy(np.ascontiguousarray(sh)),
         features=features,
     )
+    check_asset_values(asset, source)
     understood = set(core_names) | set(feats)
     extras = {p: np.array(table[p]) for p in names if p not in understood}
     return asset, extras
@@ -295,7 +345,7 @@ def read_ply(path: str | os.PathLike[str]) -> GaussianAsset:
 def _vertex_columns(
     asset: GaussianAsset, extras: Mapping[str, np.ndarray] | None
 ) -> tuple[list[tuple[str, np.ndarray]], int]:
-    asset.validate()
+    check_asset_values(asset, "cannot write PLY")
     n = asset.num_gaussians
     k = asset.sh.shape[1]
 
@@ -386,7 +436,10 @@ def write_ply(
     extras: Mapping[str, np.ndarray] | None = None,
     fmt: str = "binary_little_endian",
 ) -> None:
-    """Atomically write an INRIA 3DGS .ply (float32; nx/ny/nz zero unless given as extras)."""
+    """Atomically write an INRIA 3DGS .ply (float32; nx/ny/nz zero unless given as extras).
+
+    The bytes are parsed back before anything is written, so a file we write always loads.
+    """
     data = ply_to_bytes(asset, extras=extras, fmt=fmt)
-    with atomic_open(path) as f:
-        f.write(data)
+    ply_from_bytes(data, f"{path} (as it would be written)")
+    atomic_write_bytes(path, data)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from appshell.inputs import InputFileError, check_regular_file, loads_json
 from splatpainter.io.atomic import atomic_write_with
 from splatpainter.model.stage1 import (
     PreprocessViews,
@@ -155,6 +156,10 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and check the envelope of a checkpoint file (not the weights)."""
     try:
+        check_regular_file(path, what="checkpoint")
+    except InputFileError as e:
+        raise CheckpointError(str(e)) from None
+    try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such file") from None
@@ -256,6 +261,10 @@ def load_weights(path: str | os.PathLike[str]) -> EditorModel:
     Any mismatch (another architecture, a foreign file) is a CheckpointError naming it.
     """
     p = Path(path)
+    try:
+        check_regular_file(p, what="weights file")
+    except InputFileError as e:
+        raise CheckpointError(str(e)) from None
     if p.suffix != ".safetensors":
         return load_checkpoint(p)
     from safetensors import SafetensorError, safe_open
@@ -271,9 +280,9 @@ def load_weights(path: str | os.PathLike[str]) -> EditorModel:
     if meta.get("format") != WEIGHTS_FORMAT or "config" not in meta:
         raise CheckpointError(f"{p}: not a {WEIGHTS_FORMAT} file (no editor config in metadata)")
     try:
-        config = EditorConfig.from_dict(json.loads(meta["config"]))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{p}: editor config in metadata is not JSON ({e})") from None
+        config = EditorConfig.from_dict(loads_json(meta["config"], source="editor config"))
+    except InputFileError as e:
+        raise CheckpointError(f"{p}: {e}") from None
     model = EditorModel(config)
     check_state_dict(model, tensors, str(p))
     model.load_state_dict(tensors)

@@ -7,8 +7,9 @@ compositing weight), two small models of *what the edit does to a colour*:
 - an affine colour map  c -> A [c; 1]  (ridge-regularised toward the identity): recolours;
 - a Lambertian shading  c -> c (a + d max(0, n.l))  over the Gaussians' normals: relights;
 
-and evaluate them on every Gaussian.  Together with the back-projected residual (what the views
-say about the seen Gaussians themselves) these are the candidate deltas between which Stage II's
+and evaluate them on every Gaussian.  Together with the seen Gaussians' own change (what the
+views say about them: the least-squares solve or the back-projected residual) these are the
+candidate deltas between which Stage II's
 learned per-Gaussian weights choose.  The fit quality and a colour-bin statistic ("what share of
 the seen Gaussians of this colour did the edit change") are features for that choice.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-NUM_HYPOTHESES = 3  # back-projected residual, affine recolour, relight
+NUM_HYPOTHESES = 3  # the seen Gaussians' own change, affine recolour, relight
 EDIT_STATS_DIM = 6
 BIN_STATS_DIM = 2
 COLOR_BINS = 6
@@ -105,7 +106,7 @@ def color_bin_stats(
 
 def edit_hypotheses(
     colors: torch.Tensor,
-    residual: torch.Tensor,
+    seen_delta: torch.Tensor,
     abs_residual: torch.Tensor,
     in_mask_weight: torch.Tensor,
     support: torch.Tensor,
@@ -114,19 +115,21 @@ def edit_hypotheses(
     change_tau: float = 0.05,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Candidate colour deltas [N, NUM_HYPOTHESES, 3], edit statistics [EDIT_STATS_DIM] and
-    colour-bin statistics [N, BIN_STATS_DIM] for one edit (all zeros-safe when nothing is seen)."""
+    colour-bin statistics [N, BIN_STATS_DIM] for one edit (all zeros-safe when nothing is seen).
+
+    seen_delta [N, 3]: what the views say each seen Gaussian's change is (zero elsewhere)."""
     w = in_mask_weight * support
-    targets = colors + residual
+    targets = colors + seen_delta
     aff = fit_affine(colors, targets, w)
     cand_aff = torch.cat([colors, torch.ones_like(colors[:, :1])], -1) @ aff - colors
     a, d, light = fit_shading(colors, targets, normals, w)
     shade = a + d * (normals @ light).clamp_min(0)
     cand_shade = colors * shade[:, None] - colors
-    cand = torch.stack([residual, cand_aff.clamp(-1, 1), cand_shade.clamp(-1, 1)], 1)
+    cand = torch.stack([seen_delta, cand_aff.clamp(-1, 1), cand_shade.clamp(-1, 1)], 1)
     wsum = w.sum().clamp_min(1e-6)
 
     def rmse(c: torch.Tensor) -> torch.Tensor:
-        return (((c - residual) ** 2).sum(-1) * w).sum().div(wsum).sqrt()
+        return (((c - seen_delta) ** 2).sum(-1) * w).sum().div(wsum).sqrt()
 
     changed_w = in_mask_weight * (abs_residual / change_tau).clamp(0, 1)
     seen_w = weight

@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splatpainter.assets.gaussians import sh_dc_to_rgb
 from splatpainter.model.layers import MLP, TransformerBlock, fourier_encode, segment_mean
 
-SH_C0 = 0.28209479177387814
 MAX_SH_REST = 15  # coefficients beyond DC at degree 3
 ATTR_DIM = 3 + 4 + 3 + 1 + 3 + 3 * MAX_SH_REST
 
@@ -117,7 +117,7 @@ def gaussian_attributes(asset, vox: Voxelization) -> torch.Tensor:
             q,
             asset.log_scales - vox.extent.log(),
             torch.sigmoid(asset.opacity_logits)[:, None],
-            0.5 + SH_C0 * asset.sh[:, 0, :],
+            sh_dc_to_rgb(asset.sh[:, 0, :], clamp=False),
             rest,
         ],
         dim=-1,

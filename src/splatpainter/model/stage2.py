@@ -11,8 +11,10 @@ closed-form edit hypotheses, the edit-kind hint) and predict a colour delta
     delta_g = E * w_g * (sum_k softmax(mix_g)_k hypothesis_gk + 0.1 tanh(corr_g)),
     w_g = clamp((sigmoid(gate_g) - floor) / (1 - floor), 0, 1)
 
-where the hypotheses (`splatpainter.model.hypotheses`) are the back-projected residual, an affine
-recolour and a Lambertian relight fitted to the seen Gaussians.  w_g is a *learned* per-Gaussian
+where the hypotheses (`splatpainter.model.hypotheses`) are the seen Gaussians' own change (the
+least-squares colour change that reproduces the edit views, `edit/solve.py`, when
+`solve_iters` > 0; else the back-projected residual), and an affine recolour and a Lambertian
+relight fitted to it.  w_g is a *learned* per-Gaussian
 edit weight: it is free to change Gaussians no edit view sees (the far side of a recoloured part,
 the unseen side of a relit object) and to leave them (the back of a painted object).  Only SH DC
 changes; geometry, opacity and higher SH bands are never touched.
@@ -30,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splatpainter.assets.gaussians import SH_C0
 from splatpainter.model.hypotheses import (
     BIN_STATS_DIM,
     EDIT_STATS_DIM,
@@ -37,7 +40,7 @@ from splatpainter.model.hypotheses import (
     edit_hypotheses,
 )
 from splatpainter.model.layers import MLP, SelfAttention, fourier_encode, segment_mean
-from splatpainter.model.stage1 import SH_C0, Stage1Latent
+from splatpainter.model.stage1 import Stage1Latent
 from splatpainter.model.ttt import FastWeights, TTTConfig, TTTLayer
 
 # Channels of an edit-view pixel: edited rgb, render rgb, residual rgb, Plücker (6), mask.
@@ -45,8 +48,10 @@ VIEW_CHANNELS = 3 + 3 + 3 + 6 + 1
 SIGNAL_DIM = 3 + 1 + 1 + 1  # residual rgb, |residual|, support, log(1 + visible weight)
 # The edit-kind hint: "auto" lets the model infer the kind.
 EDIT_HINTS = ("auto", "paint", "recolor", "relight", "detail")
-# Which hypotheses (back-projected residual, affine recolour, relight) a hint allows: paint and
-# detail are local and only move what the views show; "auto" leaves the choice to the network.
+# Which hypotheses (the seen Gaussians' own change, affine recolour, relight) a hint allows:
+# paint and detail are local (LOCAL_HINTS): they only move Gaussians a masked pixel shows, and the
+# others keep their exact bits; "auto" leaves the choice to the network.
+LOCAL_HINTS = ("paint", "detail")
 HINT_HYPOTHESES = {
     "auto": torch.tensor([True, True, True]),
     "paint": torch.tensor([True, False, False]),
@@ -76,12 +81,18 @@ class Stage2Config:
     correction_scale: float = 0.1  # bound of the free per-Gaussian colour correction
     gate_floor: float = 0.05  # learned edit weights below this are exactly zero
     hint_restricts: bool = True  # a kind hint limits the hypotheses (see HINT_HYPOTHESES)
+    # Least-squares steps for the seen Gaussians' own change (edit/solve.py); 0: the weighted
+    # mean residual of back-projection, as the weights trained before the solve existed expect.
+    solve_iters: int = 0
+    solve_prior_px: float = 0.0  # the solve's pull toward no change, in pixels of weight
 
     def __post_init__(self) -> None:
         if self.dim % self.num_heads or self.dim % self.ttt_heads:
             raise ValueError(f"dim {self.dim} must be divisible by num_heads and ttt_heads")
         if self.patch_size < 1:
             raise ValueError("patch_size must be >= 1")
+        if self.solve_iters < 0 or not self.solve_prior_px >= 0:
+            raise ValueError("solve_iters and solve_prior_px must be >= 0")
         if not self.evidence_tau > 0:
             raise ValueError("evidence_tau must be positive")
 
@@ -104,6 +115,7 @@ class GaussianSignals:
     support: torch.Tensor  # [N] in-mask weight / total weight over the edit views
     in_mask_weight: torch.Tensor  # [N] absolute in-mask compositing weight (pixels)
     weight: torch.Tensor | None = None  # [N] total compositing weight (pixels) over the views
+    solved: torch.Tensor | None = None  # [N, 3] least-squares colour change (edit/solve.py)
 
     def total_weight(self) -> torch.Tensor:
         if self.weight is not None:
@@ -213,9 +225,11 @@ class Stage2Editor(nn.Module):
         normals = s.latent.normals
         if normals is None:
             normals = torch.zeros_like(s.colors)
+        # The seen Gaussians' own change: the least-squares solve when there is one.
+        seen_delta = sig.residual if sig.solved is None else sig.solved
         cand, stats, bins = edit_hypotheses(
             s.colors,
-            sig.residual,
+            seen_delta,
             sig.abs_residual,
             sig.in_mask_weight,
             sig.support,
@@ -296,6 +310,8 @@ class Stage2Editor(nn.Module):
             if self.training:  # straight-through: a gate below the floor can still learn to open
                 hard = hard + (soft - soft.detach())
             gate = evidence * hard
+            if s.hint in LOCAL_HINTS:  # only what a masked pixel shows may move; the rest
+                gate = gate * (s.signals.in_mask_weight > 0).to(gate)  # keeps its bits
             logits = y[:, 1 : 1 + NUM_HYPOTHESES]
             if c.hint_restricts:  # a given kind rules hypotheses out (paint: no recolour)
                 allowed = HINT_HYPOTHESES[s.hint].to(logits.device)

@@ -1,16 +1,22 @@
 """Differentiable 3DGS renderer: compiled CPU kernels (numba), a PyTorch reference, gsplat on CUDA.
 
-Stages (gsplat-style): EWA projection -> SH colour -> tile binning (16x16 tiles, 3-sigma box)
--> per-tile (depth, index) order -> front-to-back compositing with early termination.
+Stages (gsplat-style): EWA projection (near/far culling, eps2d dilation, optional antialiased
+opacity compensation, per-axis opacity-aware boxes where alpha reaches 1/255) -> SH colour ->
+tile binning (16x16 tiles) -> per-tile (depth, index) order -> front-to-back compositing with
+early termination. The rules are stated once, in ``project.py``.
 
 - ``rasterize(means, quats, log_scales, opacity_logits, sh, world_to_cam, K, width, height,
-  background=..., sh_degree=None, backend="auto", colors=None) -> RenderOutput``
-- ``render(asset, camera, *, background, sh_degree, backend, colors) -> RenderOutput``
+  background=None, sh_degree=None, backend="auto", colors=None, *, near_plane=0.2,
+  far_plane=1e10, eps2d=0.3, radius_clip=0.0, rasterize_mode="classic") -> RenderOutput``;
+  ``world_to_cam`` [C,4,4] renders a batch of cameras; ``colors`` [N,D] any channel count.
+- ``render(asset, camera, **same options) -> RenderOutput``
 - ``splat_weights(asset, camera, pixel_weights=None) -> [N]`` per-Gaussian compositing weight.
 
-``RenderOutput``: rgb [H,W,3], alpha [H,W], depth [H,W] (alpha-normalised expected camera z,
-0 where alpha is 0), radii [N] (0 = culled), means2d [N,2], ``visible``. Backends: "numba"
-(fast CPU, explicit backward), "reference" (pure PyTorch autograd), "gsplat" (CUDA), "auto".
+``RenderOutput``: rgb [H,W,D], alpha [H,W], depth [H,W] (expected depth: alpha-normalised
+view-space z, 0 where alpha is 0), depth_accum [H,W] (accumulated depth), radii [N] (larger
+per-axis radius, 0 = culled), radii_xy [N,2], means2d [N,2], ``visible``. Backends: "numba"
+(fast CPU, explicit backward for every input: Gaussians, colours, camera pose, intrinsics,
+background), "reference" (pure PyTorch autograd), "gsplat" (CUDA), "auto".
 Conventions follow ``splatpainter.camera`` (OpenCV, pixel centres at +0.5).
 
 On a shared/oversubscribed CPU, set ``OMP_WAIT_POLICY=PASSIVE`` before starting Python: the

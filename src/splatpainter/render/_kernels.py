@@ -8,6 +8,10 @@ order. No atomics, and results are bit-identical from run to run whatever the th
 Packed per-intersection row layout (float32): mean x, mean y, conic a, b, c, r, g, b, opacity,
 depth, then the footprint (x / y half-extent, ellipse level; see ``pack_rows``). Gradient rows
 hold the first ten columns.
+
+The tile size and the compositing constants (alpha clamp, alpha cut-off, minimum
+transmittance) are arguments (``tile``, ``thr`` = float32 [alpha_max, alpha_min, t_min]),
+defined once in ``project.py``: numba would freeze imported globals into its on-disk cache.
 """
 
 from __future__ import annotations
@@ -15,40 +19,39 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-TILE = 16
 PACK = 10
-_ALPHA_MAX = np.float32(0.99)
-_ALPHA_MIN = np.float32(1.0 / 255.0)
-_T_MIN = np.float32(1e-4)
 _HALF = np.float32(0.5)
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
 
 
 @njit(cache=True, inline="always")
-def _tile_rect(x, y, r, tiles_x, tiles_y):  # pragma: no cover - compiled
-    """Half-open tile rectangle of a 3-sigma box, in float32 exactly like ``tile_rects``."""
-    rf = np.float32(r)
-    t = np.float32(TILE)
-    t1 = np.float32(TILE - 1)
-    x0 = min(max(int(np.floor((x - rf) / t)), 0), tiles_x)
-    x1 = min(max(int(np.floor((x + rf + t1) / t)), 0), tiles_x)
-    y0 = min(max(int(np.floor((y - rf) / t)), 0), tiles_y)
-    y1 = min(max(int(np.floor((y + rf + t1) / t)), 0), tiles_y)
+def _tile_rect(x, y, rx, ry, tile, tiles_x, tiles_y):  # pragma: no cover - compiled
+    """Half-open tile rectangle of a per-axis box, in float32 exactly like ``tile_rects``."""
+    rxf = np.float32(rx)
+    ryf = np.float32(ry)
+    t = np.float32(tile)
+    x0 = min(max(int(np.floor((x - rxf) / t)), 0), tiles_x)
+    x1 = min(max(int(np.ceil((x + rxf) / t)), 0), tiles_x)
+    y0 = min(max(int(np.floor((y - ryf) / t)), 0), tiles_y)
+    y1 = min(max(int(np.ceil((y + ryf) / t)), 0), tiles_y)
     return x0, y0, x1, y1
 
 
 @njit(parallel=True, cache=True)
-def bin_gaussians(means2d, radii, depth_bits, tiles_x, tiles_y):  # pragma: no cover
-    """Per-tile lists (CSR: offsets [T+1], ids) of the Gaussians whose 3-sigma box touches the
-    tile, each list sorted by (depth, index): filled in index order, then sorted per tile in
-    parallel (no global sort). ``depth_bits`` is the float32 depth array viewed as uint32."""
+def bin_gaussians(means2d, extents, depth_bits, tile, tiles_x, tiles_y):  # pragma: no cover
+    """Per-tile lists (CSR: offsets [T+1], ids) of the Gaussians whose per-axis box
+    (``extents`` [N,2]) touches the tile, each list sorted by (depth, index): filled in index
+    order, then sorted per tile in parallel (no global sort). ``depth_bits`` is the float32
+    depth array viewed as uint32."""
     n = means2d.shape[0]
     n_tiles = tiles_x * tiles_y
     rects = np.zeros((n, 4), dtype=np.int32)
     for g in prange(n):
-        if radii[g] > 0:
-            x0, y0, x1, y1 = _tile_rect(means2d[g, 0], means2d[g, 1], radii[g], tiles_x, tiles_y)
+        if extents[g, 0] > 0:
+            x0, y0, x1, y1 = _tile_rect(
+                means2d[g, 0], means2d[g, 1], extents[g, 0], extents[g, 1], tile, tiles_x, tiles_y
+            )
             rects[g, 0] = x0
             rects[g, 1] = y0
             rects[g, 2] = x1
@@ -85,11 +88,11 @@ def bin_gaussians(means2d, radii, depth_bits, tiles_x, tiles_y):  # pragma: no c
 
 
 @njit(parallel=True, cache=True)
-def pack_rows(ids, means2d, conics, colors, opacities, depths):  # pragma: no cover
+def pack_rows(ids, means2d, conics, colors, opacities, depths, alpha_min):  # pragma: no cover
     """Gather each intersection's attributes into one contiguous row (cache friendly).
 
     Columns 10, 11 hold the half-extents in x and y of the ellipse ``d^T C d <= level`` where
-    ``alpha >= 1/255`` and column 12 that level, all slightly enlarged, so the rasteriser
+    ``alpha >= alpha_min`` and column 12 that level, all slightly enlarged, so the rasteriser
     visits only pixels that can receive the Gaussian (each visited pixel is still tested
     exactly, so the margins change no result).
     """
@@ -111,8 +114,8 @@ def pack_rows(ids, means2d, conics, colors, opacities, depths):  # pragma: no co
         packed[m, 7] = colors[g, 2]
         packed[m, 8] = op
         packed[m, 9] = depths[g]
-        # alpha >= 1/255  <=>  d^T C d <= 2 ln(255 op); extents from the covariance C^-1.
-        level = 2.0 * np.log(max(255.0 * np.float64(op), 1e-30))
+        # alpha >= alpha_min  <=>  d^T C d <= 2 ln(op / alpha_min); extents from C^-1.
+        level = 2.0 * np.log(max(np.float64(op) / alpha_min, 1e-30))
         det = np.float64(a) * c - np.float64(b) * b
         if level <= 0.0 or det <= 0.0:
             packed[m, 10] = -1.0
@@ -153,7 +156,9 @@ def _row_range(mx, dy, ca, cb, cc, level, lo, hi):  # pragma: no cover
 
 
 @njit(parallel=True, cache=True, fastmath={"nsz", "arcp"})
-def raster_forward(packed, offsets, width, height, tiles_x, background):  # pragma: no cover
+def raster_forward(
+    packed, offsets, width, height, tile, tiles_x, background, thr
+):  # pragma: no cover
     """Front-to-back compositing; also returns final transmittance and list end per pixel.
 
     Gaussian-major inside a tile: each Gaussian updates only the pixels of its alpha
@@ -166,17 +171,18 @@ def raster_forward(packed, offsets, width, height, tiles_x, background):  # prag
     last_idx = np.empty((height, width), dtype=np.int64)
     n_tiles = offsets.shape[0] - 1
     bg0, bg1, bg2 = background[0], background[1], background[2]
+    alpha_max, alpha_min, t_min = thr[0], thr[1], thr[2]
     for t in prange(n_tiles):
-        x_lo = (t % tiles_x) * TILE
-        y_lo = (t // tiles_x) * TILE
-        x_hi = min(x_lo + TILE, width)
-        y_hi = min(y_lo + TILE, height)
+        x_lo = (t % tiles_x) * tile
+        y_lo = (t // tiles_x) * tile
+        x_hi = min(x_lo + tile, width)
+        y_hi = min(y_lo + tile, height)
         start = offsets[t]
         end = offsets[t + 1]
-        acc = np.zeros((TILE, TILE, 4), dtype=np.float32)
-        trans = np.ones((TILE, TILE), dtype=np.float32)
-        last = np.full((TILE, TILE), start, dtype=np.int64)
-        done = np.zeros((TILE, TILE), dtype=np.bool_)
+        acc = np.zeros((tile, tile, 4), dtype=np.float32)
+        trans = np.ones((tile, tile), dtype=np.float32)
+        last = np.full((tile, tile), start, dtype=np.int64)
+        done = np.zeros((tile, tile), dtype=np.bool_)
         n_done = 0
         n_pix = (x_hi - x_lo) * (y_hi - y_lo)
         for m in range(start, end):
@@ -202,12 +208,12 @@ def raster_forward(packed, offsets, width, height, tiles_x, background):  # prag
                     power = -_HALF * (ca * dx * dx + cc * dy * dy) - cb * dx * dy
                     if power > _ZERO:
                         continue
-                    alpha = min(_ALPHA_MAX, op * np.exp(power))
-                    if alpha < _ALPHA_MIN:
+                    alpha = min(alpha_max, op * np.exp(power))
+                    if alpha < alpha_min:
                         continue
                     T = trans[iy, ix]
                     test_t = T * (_ONE - alpha)
-                    if test_t < _T_MIN:
+                    if test_t < t_min:
                         done[iy, ix] = True
                         n_done += 1
                         continue
@@ -239,8 +245,10 @@ def raster_backward(
     offsets,
     width,
     height,
+    tile,
     tiles_x,
     background,
+    thr,
     final_t,
     last_idx,
     grad_rgb,
@@ -255,17 +263,18 @@ def raster_backward(
     grads = np.zeros((packed.shape[0], PACK), dtype=np.float32)
     n_tiles = offsets.shape[0] - 1
     bg0, bg1, bg2 = background[0], background[1], background[2]
+    alpha_max, alpha_min = thr[0], thr[1]
     for t in prange(n_tiles):
-        x_lo = (t % tiles_x) * TILE
-        y_lo = (t // tiles_x) * TILE
-        x_hi = min(x_lo + TILE, width)
-        y_hi = min(y_lo + TILE, height)
+        x_lo = (t % tiles_x) * tile
+        y_lo = (t // tiles_x) * tile
+        x_hi = min(x_lo + tile, width)
+        y_hi = min(y_lo + tile, height)
         start = offsets[t]
-        trans = np.empty((TILE, TILE), dtype=np.float32)
-        rec = np.zeros((TILE, TILE, 4), dtype=np.float32)
-        bg_term = np.empty((TILE, TILE), dtype=np.float32)
-        gpix = np.empty((TILE, TILE, 4), dtype=np.float32)  # tile-local copies of the
-        last = np.empty((TILE, TILE), dtype=np.int64)  # per-pixel inputs (cache friendly)
+        trans = np.empty((tile, tile), dtype=np.float32)
+        rec = np.zeros((tile, tile, 4), dtype=np.float32)
+        bg_term = np.empty((tile, tile), dtype=np.float32)
+        gpix = np.empty((tile, tile, 4), dtype=np.float32)  # tile-local copies of the
+        last = np.empty((tile, tile), dtype=np.int64)  # per-pixel inputs (cache friendly)
         max_last = start
         for py in range(y_lo, y_hi):
             for px in range(x_lo, x_hi):
@@ -324,8 +333,8 @@ def raster_backward(
                         continue
                     gauss = np.exp(power)
                     raw = op * gauss
-                    alpha = min(_ALPHA_MAX, raw)
-                    if alpha < _ALPHA_MIN:
+                    alpha = min(alpha_max, raw)
+                    if alpha < alpha_min:
                         continue
                     one_minus = _ONE - alpha
                     T = trans[iy, ix] / one_minus
@@ -351,7 +360,7 @@ def raster_backward(
                     rec[iy, ix, 1] = cg * alpha + one_minus * r1
                     rec[iy, ix, 2] = cbl * alpha + one_minus * r2
                     rec[iy, ix, 3] = dep * alpha + one_minus * rd
-                    if raw > _ALPHA_MAX:
+                    if raw > alpha_max:
                         continue  # clamped: alpha does not depend on the Gaussian here
                     g_op += gauss * d_alpha
                     d_power = alpha * d_alpha

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import torch
 
 from splatpainter.render.gsplat_backend import gsplat_available, rasterize_gsplat
-from splatpainter.render.project import project_gaussians, sh_to_color
+from splatpainter.render.project import (
+    EPS2D,
+    FAR_PLANE,
+    NEAR_PLANE,
+    check_options,
+    project_gaussians,
+    sh_to_color,
+)
 
 if TYPE_CHECKING:
     from splatpainter.assets.gaussians import GaussianAsset
@@ -24,17 +32,24 @@ class RenderError(ValueError):
 
 @dataclass
 class RenderOutput:
-    """Rendered images plus per-Gaussian screen-space extras.
+    """Rendered images plus per-Gaussian screen-space extras (gsplat's render modes).
 
-    ``depth`` is the *normalised* expected depth ``sum_i w_i z_i / alpha`` (0 where
-    ``alpha == 0``), with ``w_i`` the compositing weights and ``z_i`` camera-space depth.
+    - ``rgb`` [H,W,D]: the colour ("RGB"; D = 3, or the channel count of ``colors``);
+    - ``alpha`` [H,W]: accumulated opacity, ``1 - T_final``;
+    - ``depth`` [H,W]: *expected* depth ("ED") ``sum_i w_i z_i / alpha`` (0 where alpha is 0);
+    - ``depth_accum`` [H,W]: accumulated depth ("D") ``sum_i w_i z_i``;
+
+    with ``w_i`` the compositing weights and ``z_i`` view-space depth. With a batch of C
+    cameras every field gains a leading [C] dimension.
     """
 
-    rgb: torch.Tensor  # [H,W,3]
+    rgb: torch.Tensor  # [H,W,D]
     alpha: torch.Tensor  # [H,W]
     depth: torch.Tensor  # [H,W]
-    radii: torch.Tensor  # [N] int32, 0 = culled (behind the camera / off-screen)
+    radii: torch.Tensor  # [N] int32, the larger per-axis radius (0 = culled)
     means2d: torch.Tensor  # [N,2] pixel coordinates
+    depth_accum: torch.Tensor | None = None  # [H,W]
+    radii_xy: torch.Tensor | None = None  # [N,2] int32 per-axis radii (x, y)
 
     @property
     def visible(self) -> torch.Tensor:
@@ -48,8 +63,9 @@ def _check(cond: bool, msg: str) -> None:
 
 
 def _validate(
-    means, quats, log_scales, opacity_logits, sh, colors, world_to_cam, K, width, height, bg
-) -> int:
+    means, quats, log_scales, opacity_logits, sh, colors, world_to_cam, K, width, height
+) -> tuple[int, int]:
+    """Checks shapes and values; returns (largest SH degree, number of cameras or 0)."""
     for name, t in (
         ("means", means),
         ("quats", quats),
@@ -83,25 +99,37 @@ def _validate(
         deg = math.isqrt(k) - 1
         _check(k in (1, 4, 9, 16), f"sh has {k} coefficients per channel; expected 1, 4, 9 or 16")
     else:
-        _check(tuple(colors.shape) == (n, 3), f"colors must be [{n},3], got {tuple(colors.shape)}")
+        _check(
+            isinstance(colors, torch.Tensor), f"colors must be a torch.Tensor, got {type(colors)}"
+        )
+        _check(
+            colors.dim() == 2 and colors.shape[0] == n and colors.shape[1] >= 1,
+            f"colors must be [{n},D] (D >= 1 channels), got {tuple(colors.shape)}",
+        )
         deg = 0
+    batched = world_to_cam.dim() == 3
+    c = world_to_cam.shape[0] if batched else 0
     _check(
-        tuple(world_to_cam.shape) == (4, 4),
-        f"world_to_cam must be [4,4], got {tuple(world_to_cam.shape)}",
+        world_to_cam.dim() in (2, 3) and tuple(world_to_cam.shape[-2:]) == (4, 4)
+        and (c > 0 or not batched),
+        f"world_to_cam must be [4,4] or [C,4,4] with C >= 1, got {tuple(world_to_cam.shape)}",
+    )  # fmt: skip
+    _check(
+        tuple(K.shape) == (3, 3) or (batched and tuple(K.shape) == (c, 3, 3)),
+        f"K must be [3,3]{f' or [{c},3,3]' if batched else ''}, got {tuple(K.shape)}",
     )
-    _check(tuple(K.shape) == (3, 3), f"K must be [3,3], got {tuple(K.shape)}")
     _check(bool(torch.isfinite(K).all()), "K has non-finite entries")
     _check(bool(torch.isfinite(world_to_cam).all()), "world_to_cam has non-finite entries")
+    kk = K.reshape(-1, 3, 3)
     _check(
-        float(K[0, 0]) > 0 and float(K[1, 1]) > 0,
-        f"focal lengths must be positive, got fx={float(K[0, 0])}, fy={float(K[1, 1])}",
+        bool((kk[:, 0, 0] > 0).all()) and bool((kk[:, 1, 1] > 0).all()),
+        f"focal lengths must be positive, got fx={kk[:, 0, 0].tolist()}, fy={kk[:, 1, 1].tolist()}",
     )
     for name, v in (("width", width), ("height", height)):
         _check(
             isinstance(v, int) and not isinstance(v, bool) and v > 0,
             f"{name} must be a positive int, got {v!r}",
         )
-    _check(tuple(bg.shape) == (3,), f"background must have 3 values, got {tuple(bg.shape)}")
     attrs = [("means", means), ("quats", quats), ("log_scales", log_scales)]
     attrs += [
         ("opacity_logits", opacity_logits),
@@ -114,7 +142,24 @@ def _validate(
         if not bool(ok.all()):
             first = int(torch.nonzero(~ok)[0, 0])
             raise RenderError(f"{name} has a non-finite value at Gaussian {first}")
-    return deg
+    return deg, c
+
+
+def _background(background, channels: int, cams: int, like: torch.Tensor) -> torch.Tensor:
+    """[D] (or [C,D] for a batch): None means black. Kept differentiable when it is a tensor."""
+    if background is None:
+        bg = torch.zeros(channels, dtype=like.dtype, device=like.device)
+    else:
+        bg = torch.as_tensor(background, dtype=like.dtype)
+    shapes = [(channels,)] + ([(cams, channels)] if cams else [])
+    _check(
+        tuple(bg.shape) in shapes,
+        f"background must have {channels} values (one per colour channel)"
+        + (f" or shape [{cams},{channels}]" if cams else "")
+        + f", got shape {tuple(bg.shape)}",
+    )
+    _check(bool(torch.isfinite(bg).all()), "background has non-finite values")
+    return bg
 
 
 def rasterize(
@@ -127,24 +172,43 @@ def rasterize(
     K: torch.Tensor,
     width: int,
     height: int,
-    background: torch.Tensor | tuple[float, float, float] = (0.0, 0.0, 0.0),
+    background: torch.Tensor | Sequence[float] | None = None,
     sh_degree: int | None = None,
     backend: str = "auto",
     colors: torch.Tensor | None = None,
+    *,
+    near_plane: float = NEAR_PLANE,
+    far_plane: float = FAR_PLANE,
+    eps2d: float = EPS2D,
+    radius_clip: float = 0.0,
+    rasterize_mode: str = "classic",
 ) -> RenderOutput:
-    """Render Gaussians, differentiably w.r.t. every attribute (and ``colors`` if given).
+    """Render Gaussians, differentiably w.r.t. every tensor input.
 
     ``sh`` is [N,K,3] coefficient-major (``sh[:,0]`` = DC); ``sh_degree`` (default: the
-    largest the coefficients allow) selects how many bands are used. ``colors`` [N,3] replaces
-    SH evaluation entirely (used as given, not offset or clamped). ``background`` is a constant
-    (no gradient). Backends: "numba" (compiled CPU), "reference" (pure PyTorch), "gsplat"
-    (CUDA + gsplat), "auto" (gsplat on CUDA when installed, otherwise numba).
+    largest the coefficients allow) selects how many bands are used. ``colors`` [N,D] (any
+    number of channels, e.g. features) replaces SH evaluation entirely (used as given, not
+    offset or clamped). ``background`` [D] (default black) shows through with weight
+    ``T_final``. ``world_to_cam`` [4,4] or a batch [C,4,4] (``K`` [3,3] shared or [C,3,3],
+    ``background`` [D] or [C,D]): a batch renders every camera and stacks the outputs.
+
+    Options as gsplat's ``rasterization()``: Gaussians with view-space depth outside
+    ``[near_plane, far_plane]`` are culled (defaults: INRIA's 0.2, gsplat's 1e10); ``eps2d``
+    is the low-pass dilation (px^2) of the 2D covariance; Gaussians whose per-axis radii are
+    both ``<= radius_clip`` px are culled; ``rasterize_mode="antialiased"`` scales opacity
+    by ``sqrt(det(cov2d) / det(cov2d + eps2d))`` (Mip-Splatting). All rules: ``project.py``.
+
+    Backends: "numba" (compiled CPU), "reference" (pure PyTorch), "gsplat" (CUDA + gsplat;
+    differences in ``gsplat_backend``), "auto" (gsplat on CUDA when installed, else numba).
     """
     _check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    bg = torch.as_tensor(background, dtype=means.dtype if torch.is_tensor(means) else None)
-    max_deg = _validate(
-        means, quats, log_scales, opacity_logits, sh, colors, world_to_cam, K, width, height, bg
+    problem = check_options(near_plane, far_plane, eps2d, radius_clip, rasterize_mode)
+    _check(problem is None, problem or "")
+    max_deg, cams = _validate(
+        means, quats, log_scales, opacity_logits, sh, colors, world_to_cam, K, width, height
     )
+    channels = 3 if colors is None else int(colors.shape[1])
+    bg = _background(background, channels, cams, means)
     if colors is None:
         if sh_degree is None:
             sh_degree = max_deg
@@ -153,17 +217,53 @@ def rasterize(
             f"sh_degree must be an int in 0..{max_deg} for sh with {sh.shape[1]} coefficients, "
             f"got {sh_degree!r}",
         )
+    opts = {
+        "near_plane": float(near_plane),
+        "far_plane": float(far_plane),
+        "eps2d": float(eps2d),
+        "radius_clip": float(radius_clip),
+        "antialiased": rasterize_mode == "antialiased",
+    }
     if backend == "auto":
         backend = "gsplat" if means.is_cuda and gsplat_available() else "numba"
+    gaussians = (means, quats, log_scales, opacity_logits, sh, colors)
     if backend == "gsplat":
         _check(gsplat_available(), "backend 'gsplat' needs CUDA and the gsplat package")
         _check(means.is_cuda, "backend 'gsplat' needs the Gaussians on a CUDA device")
-        rgb, alpha, depth, radii, means2d = rasterize_gsplat(
-            means, quats, log_scales, opacity_logits, sh, colors, world_to_cam, K,
-            width, height, bg, sh_degree or 0,
-        )  # fmt: skip
-        return RenderOutput(rgb=rgb, alpha=alpha, depth=depth, radii=radii, means2d=means2d)
+        w2c_b = world_to_cam if cams else world_to_cam[None]
+        k_b = K.expand(max(cams, 1), 3, 3) if K.dim() == 2 else K
+        bg_b = bg.expand(max(cams, 1), channels) if bg.dim() == 1 else bg
+        res = rasterize_gsplat(*gaussians, w2c_b, k_b, width, height, bg_b, sh_degree or 0, **opts)
+        out = RenderOutput(*res)
+        return out if cams else _unbatch(out)
+    if not cams:
+        return _render_one(gaussians, world_to_cam, K, width, height, bg, sh_degree, backend, opts)
+    outs = [
+        _render_one(
+            gaussians,
+            world_to_cam[i],
+            K if K.dim() == 2 else K[i],
+            width,
+            height,
+            bg if bg.dim() == 1 else bg[i],
+            sh_degree,
+            backend,
+            opts,
+        )
+        for i in range(cams)
+    ]
+    return RenderOutput(
+        **{f.name: torch.stack([getattr(o, f.name) for o in outs]) for f in fields(RenderOutput)}
+    )
 
+
+def _unbatch(out: RenderOutput) -> RenderOutput:
+    return RenderOutput(**{f.name: getattr(out, f.name)[0] for f in fields(RenderOutput)})
+
+
+def _render_one(gaussians, world_to_cam, K, width, height, bg, sh_degree, backend, opts):
+    """One camera through the numba or the reference stages."""
+    means, quats, log_scales, opacity_logits, sh, colors = gaussians
     w2c = world_to_cam.to(device=means.device, dtype=means.dtype)
     if backend == "numba":
         from splatpainter.render import fast
@@ -173,12 +273,18 @@ def rasterize(
         from splatpainter.render.reference import rasterize_reference as raster
 
         project, shade = project_gaussians, sh_to_color
-    proj = project(means, quats, log_scales, w2c, K.to(means), width, height)
-    if colors is None:
-        colors = shade(means, sh, w2c, sh_degree)
     opacities = torch.sigmoid(opacity_logits)
+    proj = project(
+        means, quats, log_scales, w2c, K.to(means), width, height, opacities=opacities, **opts
+    )
+    if colors is None and backend == "numba":  # SH only where it will be composited
+        colors = shade(means, sh, w2c, sh_degree, visible=proj.radii > 0)
+    elif colors is None:
+        colors = shade(means, sh, w2c, sh_degree)
+    if proj.compensations is not None:
+        opacities = opacities * proj.compensations.to(opacities)
     rgb, alpha, depth_sum = raster(
-        proj.means2d, proj.conics, colors, opacities, proj.depths, proj.radii,
+        proj.means2d, proj.conics, colors, opacities, proj.depths, proj.extents,
         width, height, bg.to(means.device),
     )  # fmt: skip
     rgb, alpha, depth_sum = (
@@ -191,6 +297,8 @@ def rasterize(
         depth=depth,
         radii=proj.radii.to(means.device),
         means2d=proj.means2d.to(device=means.device, dtype=means.dtype),
+        depth_accum=depth_sum,
+        radii_xy=proj.extents.to(means.device),
     )
 
 
@@ -198,10 +306,15 @@ def render(
     asset: GaussianAsset,
     camera: Camera,
     *,
-    background: torch.Tensor | tuple[float, float, float] = (0.0, 0.0, 0.0),
+    background: torch.Tensor | Sequence[float] | None = None,
     sh_degree: int | None = None,
     backend: str = "auto",
     colors: torch.Tensor | None = None,
+    near_plane: float = NEAR_PLANE,
+    far_plane: float = FAR_PLANE,
+    eps2d: float = EPS2D,
+    radius_clip: float = 0.0,
+    rasterize_mode: str = "classic",
 ) -> RenderOutput:
     """Render a ``GaussianAsset`` from a ``Camera`` (see ``rasterize`` for the options)."""
     return rasterize(
@@ -218,6 +331,11 @@ def render(
         sh_degree=sh_degree,
         backend=backend,
         colors=colors,
+        near_plane=near_plane,
+        far_plane=far_plane,
+        eps2d=eps2d,
+        radius_clip=radius_clip,
+        rasterize_mode=rasterize_mode,
     )
 
 

@@ -1,8 +1,13 @@
 """The compiled CPU path: ``torch.autograd.Function`` wrappers around the numba kernels.
 
 Three functions, composed by autograd like gsplat's stages: projection (means, quats,
-log_scales -> 2D means, conics, depths, radii), SH colour (means, sh -> RGB) and the tile
-rasteriser (2D quantities -> images). Everything runs in float32 on the CPU.
+log_scales, world_to_cam, K -> 2D means, conics, depths, per-axis radii, compensations), SH
+colour (means, sh, camera centre -> RGB) and the tile rasteriser (2D quantities, colours,
+background -> images). Every differentiable input gets its gradient (the camera pose, the
+intrinsics and the background included). Everything runs in float32 on the CPU.
+
+The maths' constants are read here at call time and passed to the kernels as arguments (see
+``_kernels_proj``), so editing one takes effect in the compiled path at once.
 """
 
 from __future__ import annotations
@@ -10,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from splatpainter.render import _kernels, _kernels_proj
-from splatpainter.render.project import TILE, Projected, camera_center
+from splatpainter.assets import gaussians
+from splatpainter.render import _kernels, _kernels_proj, project
+from splatpainter.render.project import Projected, camera_center
 
 
 def _np32(x: torch.Tensor) -> np.ndarray:
@@ -27,50 +33,110 @@ def _intrinsics(K: torch.Tensor) -> np.ndarray:
     return np.array([k[0, 0], k[1, 1], k[0, 2], k[1, 2]], dtype=np.float64)
 
 
+def proj_opts(
+    near_plane: float = project.NEAR_PLANE,
+    far_plane: float = project.FAR_PLANE,
+    eps2d: float = project.EPS2D,
+    radius_clip: float = 0.0,
+    antialiased: bool = False,
+) -> np.ndarray:
+    """The ``opts`` array of the projection kernels (layout ``_kernels_proj.O_*``)."""
+    o = np.zeros(_kernels_proj.N_OPTS, dtype=np.float64)
+    o[_kernels_proj.O_NEAR] = near_plane
+    o[_kernels_proj.O_FAR] = far_plane
+    o[_kernels_proj.O_EPS2D] = eps2d
+    o[_kernels_proj.O_RCLIP] = radius_clip
+    o[_kernels_proj.O_AA] = 1.0 if antialiased else 0.0
+    o[_kernels_proj.O_ALPHA_MIN] = project.ALPHA_MIN
+    o[_kernels_proj.O_EXTEND] = project.EXTEND_MAX
+    o[_kernels_proj.O_MAX_SIGMA] = project.MAX_SIGMA_PX
+    o[_kernels_proj.O_MAX_LOGS] = project.MAX_LOG_SCALE
+    return o
+
+
+def sh_consts() -> np.ndarray:
+    """(C0, C1, C2[5], C3[7]) as defined in ``assets.gaussians`` right now."""
+    g = gaussians
+    return np.array([g.SH_C0, g.SH_C1, *g.SH_C2, *g.SH_C3], dtype=np.float64)
+
+
+def raster_thresholds() -> np.ndarray:
+    """float32 [alpha_max, alpha_min, t_min] of the compositing rules in ``project``."""
+    return np.array([project.ALPHA_MAX, project.ALPHA_MIN, project.T_MIN], dtype=np.float32)
+
+
+def _grad_like(g: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(g).to(device=like.device, dtype=like.dtype)
+
+
 class _ProjectNumba(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, means, quats, log_scales, world_to_cam, K, width, height):
+    def forward(ctx, means, quats, log_scales, world_to_cam, K, opacities, width, height, opts):
         arrays = (_np32(means), _np32(quats), _np32(log_scales))
-        cam = (_np64(world_to_cam), _intrinsics(K), width, height)
-        means2d, conics, depths, radii = _kernels_proj.project_forward(*arrays, *cam)
+        cam = (_np64(world_to_cam), _intrinsics(K), width, height, opts)
+        op = _np32(opacities) if opacities is not None else np.zeros(0, np.float32)
+        means2d, conics, depths, extents, comps = _kernels_proj.project_forward(*arrays, op, *cam)
         ctx.save_for_backward(means, quats, log_scales)  # version-checked by autograd
-        ctx.saved = (cam, radii)
-        radii_t = torch.from_numpy(radii)
-        ctx.mark_non_differentiable(radii_t)
+        ctx.saved = (cam, extents)
+        ctx.like = (world_to_cam, K)
+        ext_t = torch.from_numpy(extents)
+        ctx.mark_non_differentiable(ext_t)
         return (
             torch.from_numpy(means2d),
             torch.from_numpy(conics),
             torch.from_numpy(depths),
-            radii_t,
+            ext_t,
+            torch.from_numpy(comps),
         )
 
     @staticmethod
-    def backward(ctx, v_means2d, v_conics, v_depths, _v_radii):
-        cam, radii = ctx.saved
+    def backward(ctx, v_means2d, v_conics, v_depths, _v_ext, v_comps):
+        cam, extents = ctx.saved
         arrays = tuple(_np32(t) for t in ctx.saved_tensors)
-        n = radii.shape[0]
-        v2 = _np32(v_means2d) if v_means2d is not None else np.zeros((n, 2), np.float32)
-        vc = _np32(v_conics) if v_conics is not None else np.zeros((n, 3), np.float32)
-        vd = _np32(v_depths) if v_depths is not None else np.zeros(n, np.float32)
-        v_means, v_quats, v_logs = _kernels_proj.project_backward(*arrays, *cam, radii, v2, vc, vd)
+        n = extents.shape[0]
+
+        def arr(v, shape):
+            return _np32(v) if v is not None else np.zeros(shape, np.float32)
+
+        grads = (arr(v_means2d, (n, 2)), arr(v_conics, (n, 3)), arr(v_depths, n))
+        v_means, v_quats, v_logs, v_cam = _kernels_proj.project_backward(
+            *arrays, *cam, extents, *grads, arr(v_comps, n)
+        )
+        w2c, K = ctx.like
+        v_w2c = v_k = None
+        if ctx.needs_input_grad[3]:
+            g = np.zeros((4, 4))
+            g[:3, :3] = v_cam[:9].reshape(3, 3)
+            g[:3, 3] = v_cam[9:12]
+            v_w2c = _grad_like(g, w2c)
+        if ctx.needs_input_grad[4]:
+            g = np.zeros((3, 3))
+            g[0, 0], g[1, 1], g[0, 2], g[1, 2] = v_cam[12:16]
+            v_k = _grad_like(g, K)
         return (torch.from_numpy(v_means), torch.from_numpy(v_quats), torch.from_numpy(v_logs),
-                None, None, None, None)  # fmt: skip
+                v_w2c, v_k, None, None, None, None)  # fmt: skip
 
 
 class _ShNumba(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, means, sh, world_to_cam, degree):
-        campos = _np64(camera_center(world_to_cam.double()))
+    def forward(ctx, means, sh, campos, degree, shc, visible):
+        cp = _np64(campos)
         ctx.save_for_backward(means, sh)
-        ctx.saved = (campos, degree)
-        return torch.from_numpy(_kernels_proj.sh_forward(_np32(means), _np32(sh), campos, degree))
+        ctx.saved = (cp, degree, shc, visible)
+        ctx.like = campos
+        rgb = _kernels_proj.sh_forward(_np32(means), _np32(sh), cp, degree, shc, visible)
+        return torch.from_numpy(rgb)
 
     @staticmethod
     def backward(ctx, v_colors):
         means, sh = (_np32(t) for t in ctx.saved_tensors)
-        campos, degree = ctx.saved
-        v_sh, v_means = _kernels_proj.sh_backward(means, sh, campos, degree, _np32(v_colors))
-        return torch.from_numpy(v_means), torch.from_numpy(v_sh), None, None
+        cp, degree, shc, visible = ctx.saved
+        v_sh, v_means = _kernels_proj.sh_backward(
+            means, sh, cp, degree, shc, visible, _np32(v_colors)
+        )
+        # colour depends on (mean - camera centre): the centre gets minus the means' gradient
+        v_cp = _grad_like(-v_means.astype(np.float64).sum(axis=0), ctx.like)
+        return torch.from_numpy(v_means), torch.from_numpy(v_sh), v_cp, None, None, None
 
 
 def _cpu32(x: torch.Tensor) -> torch.Tensor:
@@ -85,70 +151,102 @@ def project_numba(
     K: torch.Tensor,
     width: int,
     height: int,
+    *,
+    opacities: torch.Tensor | None = None,
+    near_plane: float = project.NEAR_PLANE,
+    far_plane: float = project.FAR_PLANE,
+    eps2d: float = project.EPS2D,
+    radius_clip: float = 0.0,
+    antialiased: bool = False,
 ) -> Projected:
     """Compiled twin of ``project.project_gaussians`` (float32 CPU outputs)."""
-    means2d, conics, depths, radii = _ProjectNumba.apply(
-        _cpu32(means), _cpu32(quats), _cpu32(log_scales), world_to_cam, K, width, height
+    opts = proj_opts(near_plane, far_plane, eps2d, radius_clip, antialiased)
+    op = None if opacities is None else opacities.detach()
+    means2d, conics, depths, extents, comps = _ProjectNumba.apply(
+        _cpu32(means), _cpu32(quats), _cpu32(log_scales), world_to_cam, K, op, width, height, opts
     )
-    return Projected(means2d=means2d, conics=conics, depths=depths, radii=radii)
+    return Projected(
+        means2d=means2d,
+        conics=conics,
+        depths=depths,
+        radii=extents.max(dim=-1).values,
+        extents=extents,
+        compensations=comps if antialiased else None,
+    )
 
 
 def sh_to_color_numba(
-    means: torch.Tensor, sh: torch.Tensor, world_to_cam: torch.Tensor, degree: int
+    means: torch.Tensor,
+    sh: torch.Tensor,
+    world_to_cam: torch.Tensor,
+    degree: int,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Compiled twin of ``project.sh_to_color`` (float32 CPU output)."""
-    return _ShNumba.apply(_cpu32(means), _cpu32(sh), world_to_cam, degree)
+    """Compiled twin of ``project.sh_to_color`` (float32 CPU output).
+
+    ``visible`` [N] bool limits the work to those Gaussians (the others get colour 0 and no
+    gradient): in a scene seen from inside, most Gaussians are culled.
+    """
+    campos = camera_center(world_to_cam.to(device="cpu", dtype=torch.float64))
+    n = means.shape[0]
+    vis = np.ones(n, np.bool_) if visible is None else visible.detach().cpu().numpy()
+    return _ShNumba.apply(_cpu32(means), _cpu32(sh), campos, degree, sh_consts(), vis)
 
 
 def bin_tiles(
-    means2d: torch.Tensor, radii: torch.Tensor, depths: torch.Tensor, width: int, height: int
+    means2d: torch.Tensor, extents: torch.Tensor, depths: torch.Tensor, width: int, height: int
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Tile offsets [T+1] and flat Gaussian ids, each tile's list sorted by (depth, index)."""
-    tiles_x = (width + TILE - 1) // TILE
-    tiles_y = (height + TILE - 1) // TILE
-    r = np.ascontiguousarray(radii.detach().cpu().numpy().astype(np.int32, copy=False))
+    tile = project.TILE
+    tiles_x = (width + tile - 1) // tile
+    tiles_y = (height + tile - 1) // tile
+    ext = np.ascontiguousarray(extents.detach().cpu().numpy().astype(np.int32, copy=False))
     depth_bits = _np32(depths).view(np.uint32)
-    offsets, ids = _kernels.bin_gaussians(_np32(means2d), r, depth_bits, tiles_x, tiles_y)
+    offsets, ids = _kernels.bin_gaussians(_np32(means2d), ext, depth_bits, tile, tiles_x, tiles_y)
     return offsets, ids, tiles_x
 
 
 class _RasterizeNumba(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, means2d, conics, colors, opacities, depths, radii, background, width, height):
-        offsets, ids, tiles_x = bin_tiles(means2d, radii, depths, width, height)
+    def forward(ctx, means2d, conics, colors, opacities, depths, extents, background, w, h):
+        offsets, ids, tiles_x = bin_tiles(means2d, extents, depths, w, h)
+        thr = raster_thresholds()
         packed = _kernels.pack_rows(
-            ids, _np32(means2d), _np32(conics), _np32(colors), _np32(opacities), _np32(depths)
+            ids,
+            _np32(means2d),
+            _np32(conics),
+            _np32(colors),
+            _np32(opacities),
+            _np32(depths),
+            float(project.ALPHA_MIN),
         )
         bg = _np32(background)
+        tile = project.TILE
         rgb, alpha, depth, final_t, last_idx = _kernels.raster_forward(
-            packed, offsets, width, height, tiles_x, bg
+            packed, offsets, w, h, tile, tiles_x, bg, thr
         )
-        ctx.saved = (packed, offsets, ids, tiles_x, bg, final_t, last_idx, width, height)
+        ctx.saved = (packed, offsets, ids, tiles_x, bg, final_t, last_idx, w, h, thr)
         ctx.n = means2d.shape[0]
         return torch.from_numpy(rgb), torch.from_numpy(alpha), torch.from_numpy(depth)
 
     @staticmethod
     def backward(ctx, grad_rgb, grad_alpha, grad_depth):
-        packed, offsets, ids, tiles_x, bg, final_t, last_idx, width, height = ctx.saved
+        packed, offsets, ids, tiles_x, bg, final_t, last_idx, width, height, thr = ctx.saved
         hw = (height, width)
         g_rgb = _np32(grad_rgb) if grad_rgb is not None else np.zeros((*hw, 3), np.float32)
         g_a = _np32(grad_alpha) if grad_alpha is not None else np.zeros(hw, np.float32)
         g_d = _np32(grad_depth) if grad_depth is not None else np.zeros(hw, np.float32)
         rows = _kernels.raster_backward(
-            packed, offsets, width, height, tiles_x, bg, final_t, last_idx, g_rgb, g_a, g_d
-        )
+            packed, offsets, width, height, project.TILE, tiles_x, bg, thr,
+            final_t, last_idx, g_rgb, g_a, g_d,
+        )  # fmt: skip
         per_g = torch.from_numpy(_kernels.reduce_grads(ids, rows, ctx.n))
-        return (
-            per_g[:, 0:2],
-            per_g[:, 2:5],
-            per_g[:, 5:8],
-            per_g[:, 8],
-            per_g[:, 9],
-            None,
-            None,
-            None,
-            None,
-        )
+        # the background shows through with weight T_final at every pixel
+        v_bg = torch.from_numpy(
+            np.einsum("hwc,hw->c", g_rgb.astype(np.float64), final_t.astype(np.float64))
+        ).float()
+        return (per_g[:, 0:2], per_g[:, 2:5], per_g[:, 5:8], per_g[:, 8], per_g[:, 9],
+                None, v_bg, None, None)  # fmt: skip
 
 
 def rasterize_numba(
@@ -157,30 +255,38 @@ def rasterize_numba(
     colors: torch.Tensor,
     opacities: torch.Tensor,
     depths: torch.Tensor,
-    radii: torch.Tensor,
+    extents: torch.Tensor,
     width: int,
     height: int,
     background: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Composite Gaussians; returns rgb [H,W,3], alpha [H,W], unnormalised depth sum [H,W].
+    """Composite Gaussians; returns colour [H,W,D], alpha [H,W], accumulated depth [H,W].
 
-    Inputs are used in float32 on the CPU; outputs come back in ``means2d``'s dtype and device.
+    ``colors`` [N,D] with any D (``background`` [D]): the kernels composite three channels
+    at a time, so D != 3 runs ceil(D/3) passes (zero-padded); alpha and depth come from the
+    first. Inputs are used in float32 on the CPU; outputs come back in ``means2d``'s dtype
+    and device.
     """
     dtype, device = means2d.dtype, means2d.device
-
-    rgb, alpha, depth = _RasterizeNumba.apply(
-        _cpu32(means2d),
-        _cpu32(conics),
-        _cpu32(colors),
-        _cpu32(opacities),
-        _cpu32(depths),
-        radii.cpu(),
-        _cpu32(background),
-        width,
-        height,
-    )
+    geo = (_cpu32(means2d), _cpu32(conics))
+    rest = (_cpu32(opacities), _cpu32(depths), extents.cpu())
+    cols, bg = _cpu32(colors), _cpu32(background)
+    d = cols.shape[1]
+    pad = (-d) % 3
+    if pad:
+        cols = torch.cat([cols, cols.new_zeros(cols.shape[0], pad)], dim=1)
+        bg = torch.cat([bg, bg.new_zeros(pad)])
+    images, alpha, depth = [], None, None
+    for k in range(0, d + pad, 3):
+        img, a, dep = _RasterizeNumba.apply(
+            *geo, cols[:, k : k + 3], *rest, bg[k : k + 3], width, height
+        )
+        images.append(img)
+        if alpha is None:
+            alpha, depth = a, dep
+    image = torch.cat(images, dim=-1)[..., :d] if len(images) > 1 or pad else images[0]
     return (
-        rgb.to(device=device, dtype=dtype),
+        image.to(device=device, dtype=dtype),
         alpha.to(device=device, dtype=dtype),
         depth.to(device=device, dtype=dtype),
     )

@@ -218,6 +218,8 @@ def load_config(path: str | os.PathLike[str]) -> TrainConfig:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: not valid TOML ({e})") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: TOML nested too deeply") from None
     try:
         return config_from_dict(data)
     except ConfigError as e:

@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from splatpainter.assets.gaussians import SH_C0, GaussianAsset, rgb_to_sh_dc, sh_coeff_count
+from splatpainter.assets.gaussians import (
+    GaussianAsset,
+    rgb_to_sh_dc,
+    sh_coeff_count,
+    sh_dc_to_rgb,
+)
 from splatpainter.assets.procedural import ProceduralAsset, build_asset, random_primitives
 from splatpainter.camera import Camera, orbit_cameras
 from splatpainter.edit.views import EditView
@@ -94,7 +99,7 @@ class EditSequence:
 
 # ------------------------------------------------------------------------ colours
 def base_colors(asset: GaussianAsset) -> torch.Tensor:
-    return 0.5 + SH_C0 * asset.sh[:, 0, :]
+    return sh_dc_to_rgb(asset.sh[:, 0, :], clamp=False)
 
 
 def with_base_colors(asset: GaussianAsset, colors: torch.Tensor) -> GaussianAsset:

@@ -31,7 +31,7 @@ from splatpainter.train.data import (
     with_base_colors,
 )
 
-EXAMPLE_VERSION = 1
+EXAMPLE_VERSION = 2  # 2: signals carry the least-squares solve
 
 
 def _render_rgb(asset: GaussianAsset, cams: list[Camera]) -> torch.Tensor:
@@ -42,7 +42,12 @@ def _render_rgb(asset: GaussianAsset, cams: list[Camera]) -> torch.Tensor:
 
 
 def build_example(
-    seed: int, spec: SequenceSpec, stage1: Stage1Config, loss_view_size: int
+    seed: int,
+    spec: SequenceSpec,
+    stage1: Stage1Config,
+    loss_view_size: int,
+    solve_iters: int = 0,
+    solve_prior_px: float = 0.0,
 ) -> dict[str, Any]:
     """Everything a training step needs for one sequence, as plain tensors and dicts."""
     from splatpainter.edit.methods import build_edit_sample
@@ -58,7 +63,9 @@ def build_example(
     before_loss = _render_rgb(before, loss_cams)
     steps = []
     for step in seq.steps:
-        sample = build_edit_sample(before, step.views, frame)
+        sample = build_edit_sample(
+            before, step.views, frame, solve_iters=solve_iters, solve_prior_px=solve_prior_px
+        )
         gt = with_base_colors(seq.source, step.colors)
         edit_cam = step.views[0].camera.resized(loss_view_size, loss_view_size)
         gt_loss = _render_rgb(gt, [*loss_cams, edit_cam])
@@ -73,7 +80,14 @@ def build_example(
                 "views": [v.to(torch.float16) for v in sample.views],
                 "signals": {
                     k: getattr(sample.signals, k)
-                    for k in ("residual", "abs_residual", "support", "in_mask_weight", "weight")
+                    for k in (
+                        "residual",
+                        "abs_residual",
+                        "support",
+                        "in_mask_weight",
+                        "weight",
+                        "solved",
+                    )
                 },
                 "loss_cameras": [c.to_dict() for c in [*loss_cams, edit_cam]],
                 "loss_gt": gt_loss.to(torch.float16),
@@ -122,9 +136,17 @@ def example_sample(step: dict[str, Any], latent, hint: str) -> EditSample:
 
 
 # ------------------------------------------------------------------------ the cache
-def cache_key(spec: SequenceSpec, stage1: Stage1Config, loss_view_size: int) -> str:
-    """Examples depend on the data spec, the preprocessing settings and the loss view size."""
+def cache_key(
+    spec: SequenceSpec,
+    stage1: Stage1Config,
+    loss_view_size: int,
+    solve: tuple[int, float] = (0, 0.0),
+) -> str:
+    """Examples depend on the data spec, the preprocessing settings, the loss view size and
+    the least-squares solve's settings (steps, prior) behind the signals."""
     d = {
+        **({"solve_iters": solve[0]} if solve[0] else {}),
+        **({"solve_prior_px": solve[1]} if solve[1] else {}),
         "version": EXAMPLE_VERSION,
         "spec": asdict(spec),
         "grid": stage1.grid_size,
@@ -135,12 +157,12 @@ def cache_key(spec: SequenceSpec, stage1: Stage1Config, loss_view_size: int) -> 
 
 
 def _build_one(args: tuple) -> int:
-    seed, spec, stage1, loss_view_size, path = args
+    seed, spec, stage1, loss_view_size, solve, path = args
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(1)
     from splatpainter.io.atomic import atomic_write_with
 
-    ex = build_example(seed, spec, stage1, loss_view_size)
+    ex = build_example(seed, spec, stage1, loss_view_size, *solve)
     atomic_write_with(path, lambda f: torch.save(ex, f))
     return seed
 
@@ -152,14 +174,15 @@ def ensure_cache(
     loss_view_size: int,
     cache_dir: str | os.PathLike[str],
     *,
+    solve: tuple[int, float] = (0, 0.0),
     workers: int = 2,
     progress=None,
 ) -> dict[int, Path]:
     """Build missing examples (in `workers` spawned processes) and return seed -> file."""
-    root = Path(cache_dir) / cache_key(spec, stage1, loss_view_size)
+    root = Path(cache_dir) / cache_key(spec, stage1, loss_view_size, solve)
     root.mkdir(parents=True, exist_ok=True)
     paths = {s: root / f"{s}.pt" for s in seeds}
-    todo = [(s, spec, stage1, loss_view_size, p) for s, p in paths.items() if not p.exists()]
+    todo = [(s, spec, stage1, loss_view_size, solve, p) for s, p in paths.items() if not p.exists()]
     if todo:
         if workers <= 1:
             for a in todo:

@@ -31,7 +31,7 @@ import torch
 from splatpainter.camera import Camera
 from splatpainter.io.atomic import atomic_write_with
 from splatpainter.model.editor import EditorModel, load_weights, save_weights
-from splatpainter.train.config import TrainConfig
+from splatpainter.train.config import ConfigError, TrainConfig
 from splatpainter.train.data import with_base_colors
 from splatpainter.train.examples import (
     ensure_cache,
@@ -212,22 +212,24 @@ def train(
         cfg.model.stage1,
         cfg.data.loss_view_size,
         cfg.data.cache_dir,
+        solve=(cfg.model.stage2.solve_iters, cfg.model.stage2.solve_prior_px),
         workers=cfg.data.workers,
         progress=tick,
     )
     model = EditorModel.initial(cfg.model, seed=o.seed).train()
     if o.init_from:
-        init = load_weights(o.init_from)
-        if init.config != cfg.model:
-            raise ValueError(f"optim.init_from {o.init_from}: weights of another architecture")
-        model.load_state_dict(init.state_dict())
+        init = load_weights(o.init_from).state_dict()
+        own = model.state_dict()
+        if init.keys() != own.keys() or any(init[k].shape != v.shape for k, v in own.items()):
+            raise ConfigError(f"optim.init_from {o.init_from}: weights of another architecture")
+        model.load_state_dict(init)
     opt = make_optimizer(model, cfg)
     start = 0
     log_path = out / LOG
     if resume and (out / CHECKPOINT).exists():
         ck = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=True)
         if ck.get("config") != cfg.to_dict():
-            raise ValueError(f"{out / CHECKPOINT}: written with another config; cannot resume")
+            raise ConfigError(f"{out / CHECKPOINT}: written with another config; cannot resume")
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optim"])
         start = int(ck["step"])

@@ -1,0 +1,70 @@
+"""Value checks every asset passes when it is loaded and before it is written.
+
+`GaussianAsset.validate` checks shapes and finiteness of the stored values. A stored value can
+be finite and still overflow once activated (a log-scale of 1e6 gives an infinite scale, a
+position of 3e38 an infinite distance), which would only fail later, far from the file. These
+checks run on the float32 values the renderer and the file formats use, so a file that loads
+renders, and a file we write loads back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from splatpainter.assets.gaussians import AssetError, GaussianAsset
+from splatpainter.io.errors import AssetFormatError
+
+# Squares (distances, covariances) of these must stay finite and non-zero in float32.
+MAX_ABS_POSITION = 1e15
+MAX_ABS_LOG_SCALE = 40.0
+MAX_ABS_SH = 1e15
+MIN_QUAT_NORM = 1e-12
+
+
+def _first_bad(bad: torch.Tensor) -> int | None:
+    bad = bad.reshape(bad.shape[0], -1).any(dim=1)
+    return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None
+
+
+def check_asset_values(asset: GaussianAsset, source: str = "asset") -> GaussianAsset:
+    """Raise AssetFormatError naming the attribute and first bad Gaussian; return the asset.
+
+    Checked in float32: every tensor finite (`validate`), |position| <= 1e15, |log-scale| <= 40
+    (so exp(scale) and its square are finite and positive), opacity sigmoid finite, quaternion
+    norm finite and > 1e-12, |SH| <= 1e15.
+    """
+    try:
+        asset.validate()
+    except AssetFormatError:
+        raise
+    except AssetError as e:
+        raise AssetFormatError(f"{source}: {e}") from None
+    if asset.num_gaussians == 0:
+        return asset
+    a = asset.detach().to(device="cpu", dtype=torch.float32)
+    checks = [
+        ("position", a.means, lambda t: ~(t.abs() <= MAX_ABS_POSITION),
+         f"|coordinate| above {MAX_ABS_POSITION:g}"),
+        ("log-scale", a.log_scales, lambda t: ~(t.abs() <= MAX_ABS_LOG_SCALE),
+         f"|log-scale| above {MAX_ABS_LOG_SCALE:g} (exp overflows or vanishes)"),
+        ("opacity", a.opacity_logits, lambda t: ~torch.isfinite(torch.sigmoid(t)),
+         "sigmoid is not finite"),
+        ("quaternion", a.quats, lambda t: ~(t.norm(dim=1) > MIN_QUAT_NORM)
+         | ~torch.isfinite(t.norm(dim=1)), "norm is zero or not finite"),
+        ("SH coefficient", a.sh, lambda t: ~(t.abs() <= MAX_ABS_SH),
+         f"|value| above {MAX_ABS_SH:g}"),
+    ]  # fmt: skip
+    for name, tensor, is_bad, why in checks:
+        i = _first_bad(is_bad(tensor))
+        if i is not None:
+            values = [round(float(v), 6) for v in tensor[i].reshape(-1)[:8]]
+            raise AssetFormatError(f"{source}: {name} of Gaussian {i} {values}: {why}")
+    return asset
+
+
+__all__ = [
+    "MAX_ABS_LOG_SCALE",
+    "MAX_ABS_POSITION",
+    "MAX_ABS_SH",
+    "check_asset_values",
+]

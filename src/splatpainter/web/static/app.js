@@ -1,0 +1,531 @@
+// SplatPainter browser editor. Frames come from the server's renderer: JPEG at half size while
+// dragging, PNG at full size when the view rests. Paint, mask and colour adjustments are layers
+// over the resting PNG; "Apply" sends their composite with the orbit parameters of that view, so
+// the server fits the edit on exactly the pixels painted on. No network access but this server.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const SIZE = 512;
+const DRAG_SIZE = 256;
+const IDLE_MS = 140;
+
+const sp = {
+  sid: null, info: null, cfg: null,
+  view: { az: 30, el: 20, zoom: 1, pan_x: 0, pan_y: 0 },
+  frame: null,        // the last frame shown (any size)
+  base: null,         // full-size ImageBitmap of `baseView` at `baseEpoch` (what edits paint on)
+  baseBlob: null, baseView: null, baseEpoch: -1,
+  epoch: 0,           // bumps whenever the asset changes (apply, undo, ...)
+  edited: null,       // an uploaded edited image for this view
+  hasPaint: false, hasMask: false,
+  frames: 0, fullFrames: 0, fps: 0, applying: false,
+};
+window.sp = sp; // for tests and for poking at it from the console
+
+const screen = $("screen");
+const ctx = screen.getContext("2d");
+const layer = () => { const c = document.createElement("canvas"); c.width = SIZE; c.height = SIZE; return c; };
+const paintLayer = layer(), strokeLayer = layer(), maskLayer = layer(), tint = layer(), work = layer();
+
+// ------------------------------------------------------------------ small helpers
+function status(text, error = false) {
+  const el = $("status");
+  el.textContent = text;
+  el.classList.toggle("error", error);
+}
+
+async function api(path, opts = {}) {
+  const r = await fetch(path, opts);
+  if (!r.ok) {
+    let detail = r.statusText;
+    try { detail = (await r.json()).detail; } catch (e) { /* not JSON */ }
+    throw new Error(`${r.status}: ${detail}`);
+  }
+  return r.json();
+}
+
+const sameView = (a, b) => !!a && !!b && ["az", "el", "zoom", "pan_x", "pan_y"].every((k) => a[k] === b[k]);
+const viewQuery = (v, w, h) => new URLSearchParams({ ...v, w, h });
+const brush = () => ({
+  color: $("brush-color").value,
+  size: +$("brush-size").value,
+  opacity: +$("brush-opacity").value,
+  hardness: +$("brush-hardness").value,
+});
+const tool = () => document.querySelector("input[name=tool]:checked").value;
+const hsv = () => ({ h: +$("hsv-h").value, s: +$("hsv-s").value, v: +$("hsv-v").value, scope: $("hsv-scope").value });
+const hsvActive = () => { const a = hsv(); return a.h !== 0 || a.s !== 1 || a.v !== 1; };
+const hasEdits = () => sp.hasPaint || !!sp.edited || hsvActive();
+const locked = () => hasEdits() || sp.hasMask;
+
+function markReady() {
+  const ready = !!sp.base && sp.baseEpoch === sp.epoch && sameView(sp.baseView, sp.view)
+    && inflight === 0 && !pending && !sp.applying;
+  document.body.dataset.ready = ready ? "1" : "0";
+  document.body.dataset.entry = sp.info ? String(sp.info.index) : "";
+  $("apply").disabled = !ready;
+}
+
+// ------------------------------------------------------------------ frames
+// Up to two requests in flight, so the server renders the next view while the last one travels;
+// a frame older than the one on screen is dropped (newer views replace older ones).
+const MAX_INFLIGHT = 2;
+let inflight = 0, pending = null, idleTimer = null, viewSaveTimer = null;
+let seq = 0, shownSeq = 0;
+let fpsWindow = [];
+
+function requestFrame(full) {
+  pending = { full: full || (pending && pending.full) };
+  if (!full) {
+    clearTimeout(idleTimer);
+    idleTimer = setTimeout(() => requestFrame(true), IDLE_MS);
+  }
+  pump();
+}
+
+async function pump() {
+  if (!pending || !sp.sid) { markReady(); return; }
+  if (inflight >= MAX_INFLIGHT) return;
+  const { full } = pending;
+  pending = null;
+  inflight += 1;
+  const mySeq = ++seq;
+  markReady();
+  const v = { ...sp.view }, epoch = sp.epoch, sid = sp.sid;
+  const size = full ? SIZE : DRAG_SIZE;
+  const q = viewQuery(v, size, size);
+  q.set("fmt", full ? "png" : "jpeg");
+  try {
+    const r = await fetch(`/api/sessions/${sid}/render?${q}`);
+    if (!r.ok) throw new Error(`${r.status}: ${(await r.json()).detail}`);
+    const blob = await r.blob();
+    const bmp = await createImageBitmap(blob);
+    if (sid !== sp.sid || mySeq < shownSeq) return; // another session, or overtaken
+    shownSeq = mySeq;
+    sp.frame = bmp;
+    sp.frames += 1;
+    if (!full) {  // the frame rate while dragging: frames over the last second
+      const now = performance.now();
+      fpsWindow = fpsWindow.filter((t) => now - t < 1000).concat([now]);
+      sp.fps = fpsWindow.length > 1 ? (1000 * (fpsWindow.length - 1)) / (now - fpsWindow[0]) : 0;
+    }
+    if (full) {
+      if (epoch === sp.epoch && sameView(v, sp.view)) {
+        sp.base = bmp; sp.baseBlob = blob; sp.baseView = v; sp.baseEpoch = epoch;
+        sp.fullFrames += 1;
+        $("download-view").href = URL.createObjectURL(blob);
+        scheduleViewSave();
+      } else {
+        pending = { full: true }; // stale: the view or the asset changed meanwhile
+      }
+    }
+    redraw();
+    showStatusLine();
+  } catch (e) {
+    status(`render failed: ${e.message}`, true);
+  } finally {
+    inflight -= 1;
+    if (pending) pump(); else markReady();
+  }
+}
+
+function scheduleViewSave() {
+  clearTimeout(viewSaveTimer);
+  viewSaveTimer = setTimeout(() => {
+    if (!sp.sid) return;
+    fetch(`/api/sessions/${sp.sid}/view`, {
+      method: "PUT", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ ...sp.view, width: SIZE, height: SIZE }),
+    }).catch(() => {});
+  }, 400);
+  $("download-camera").href = `/api/sessions/${sp.sid}/camera?${viewQuery(sp.view, SIZE, SIZE)}`;
+}
+
+function showStatusLine() {
+  if (!sp.info || sp.applying) return;
+  const busy = locked() ? " · view locked while editing (apply or clear)" : "";
+  const fps = drag && drag.mode !== "paint" && sp.fps ? ` · ${sp.fps.toFixed(1)} fps` : "";
+  status(`${sp.info.num_gaussians} Gaussians · entry ${sp.info.index}${fps}${busy}`);
+}
+
+// ------------------------------------------------------------------ drawing
+function applyHsv(image, weights) {
+  // In place on ImageData: hue shift (degrees), saturation and value factors, blended by
+  // weights (mask alpha, 0-255) when given.
+  const { h, s, v } = hsv();
+  const d = image.data;
+  for (let i = 0; i < d.length; i += 4) {
+    const w = weights ? weights[i + 3] / 255 : 1;
+    if (w === 0) continue;
+    const r = d[i] / 255, g = d[i + 1] / 255, b = d[i + 2] / 255;
+    const mx = Math.max(r, g, b), mn = Math.min(r, g, b), c = mx - mn;
+    let hue = 0;
+    if (c > 0) {
+      if (mx === r) hue = ((g - b) / c) % 6;
+      else if (mx === g) hue = (b - r) / c + 2;
+      else hue = (r - g) / c + 4;
+      hue *= 60;
+    }
+    let sat = mx === 0 ? 0 : c / mx, val = mx;
+    hue = (((hue + h) % 360) + 360) % 360;
+    sat = Math.min(1, sat * s);
+    val = Math.min(1, val * v);
+    const cc = val * sat, x = cc * (1 - Math.abs(((hue / 60) % 2) - 1)), m = val - cc;
+    let rr = 0, gg = 0, bb = 0;
+    if (hue < 60) [rr, gg, bb] = [cc, x, 0];
+    else if (hue < 120) [rr, gg, bb] = [x, cc, 0];
+    else if (hue < 180) [rr, gg, bb] = [0, cc, x];
+    else if (hue < 240) [rr, gg, bb] = [0, x, cc];
+    else if (hue < 300) [rr, gg, bb] = [x, 0, cc];
+    else [rr, gg, bb] = [cc, 0, x];
+    d[i] = Math.round(((rr + m) * w + r * (1 - w)) * 255);
+    d[i + 1] = Math.round(((gg + m) * w + g * (1 - w)) * 255);
+    d[i + 2] = Math.round(((bb + m) * w + b * (1 - w)) * 255);
+  }
+}
+
+// The edited view: base (or the uploaded image), colour adjustment, then the paint layer.
+function compose(target, source) {
+  const c = target.getContext("2d");
+  c.globalAlpha = 1;
+  c.globalCompositeOperation = "source-over";
+  c.imageSmoothingEnabled = true;
+  c.clearRect(0, 0, SIZE, SIZE);
+  if (source) c.drawImage(source, 0, 0, SIZE, SIZE);
+  if (hsvActive()) {
+    const img = c.getImageData(0, 0, SIZE, SIZE);
+    let weights = null;
+    if (hsv().scope === "mask") weights = maskLayer.getContext("2d").getImageData(0, 0, SIZE, SIZE).data;
+    applyHsv(img, weights);
+    c.putImageData(img, 0, 0);
+  }
+  c.drawImage(paintLayer, 0, 0);
+}
+
+function redraw() {
+  const source = sp.edited || (locked() && sp.base ? sp.base : sp.frame);
+  compose(screen, source);
+  const b = brush();
+  if (tool() === "brush" && !$("mask-layer").checked) {
+    ctx.globalAlpha = b.opacity;
+    ctx.drawImage(strokeLayer, 0, 0);
+    ctx.globalAlpha = 1;
+  }
+  if (sp.hasMask || $("mask-layer").checked) {
+    const t = tint.getContext("2d");
+    t.globalCompositeOperation = "source-over";
+    t.clearRect(0, 0, SIZE, SIZE);
+    t.drawImage(maskLayer, 0, 0);
+    if (tool() === "brush" && $("mask-layer").checked) t.drawImage(strokeLayer, 0, 0);
+    t.globalCompositeOperation = "source-in";
+    t.fillStyle = "#ff3030";
+    t.fillRect(0, 0, SIZE, SIZE);
+    ctx.globalAlpha = 0.4;
+    ctx.drawImage(tint, 0, 0);
+    ctx.globalAlpha = 1;
+  }
+}
+
+function stamp(c, x, y, b, color) {
+  const r = Math.max(0.5, b.size / 2);
+  const g = c.createRadialGradient(x, y, 0, x, y, r);
+  const hard = Math.min(0.999, b.hardness);
+  g.addColorStop(0, color);
+  g.addColorStop(hard, color);
+  g.addColorStop(1, color.replace(/,\s*[\d.]+\)$/, ", 0)"));
+  c.fillStyle = g;
+  c.beginPath();
+  c.arc(x, y, r, 0, 2 * Math.PI);
+  c.fill();
+}
+
+function rgba(hex, a) {
+  const n = parseInt(hex.slice(1), 16);
+  return `rgba(${(n >> 16) & 255}, ${(n >> 8) & 255}, ${n & 255}, ${a})`;
+}
+
+function strokeTo(state, x, y) {
+  const b = brush();
+  const erasing = tool() === "eraser";
+  const target = erasing ? ($("mask-layer").checked ? maskLayer : paintLayer) : strokeLayer;
+  const c = target.getContext("2d");
+  c.globalCompositeOperation = erasing ? "destination-out" : "source-over";
+  const color = erasing ? `rgba(0, 0, 0, ${b.opacity})`
+    : rgba($("mask-layer").checked ? "#ffffff" : b.color, 1);
+  const step = Math.max(1, b.size * 0.2);
+  const dx = x - state.x, dy = y - state.y, dist = Math.hypot(dx, dy);
+  const n = state.first ? 1 : Math.max(1, Math.ceil(dist / step));
+  for (let i = 1; i <= n; i += 1) {
+    const t = state.first ? 1 : i / n;
+    stamp(c, state.x + dx * t, state.y + dy * t, b, color);
+  }
+  c.globalCompositeOperation = "source-over";
+  state.x = x; state.y = y; state.first = false;
+}
+
+function endStroke() {
+  if (tool() === "brush") {
+    const onMask = $("mask-layer").checked;
+    const c = (onMask ? maskLayer : paintLayer).getContext("2d");
+    c.globalAlpha = onMask ? 1 : brush().opacity;
+    c.drawImage(strokeLayer, 0, 0);
+    c.globalAlpha = 1;
+    strokeLayer.getContext("2d").clearRect(0, 0, SIZE, SIZE);
+    if (onMask) sp.hasMask = true; else sp.hasPaint = true;
+  }
+  redraw();
+  showStatusLine();
+  markReady();
+}
+
+function clearEdits() {
+  for (const l of [paintLayer, strokeLayer, maskLayer]) l.getContext("2d").clearRect(0, 0, SIZE, SIZE);
+  sp.hasPaint = false; sp.hasMask = false; sp.edited = null;
+  $("hsv-h").value = 0; $("hsv-s").value = 1; $("hsv-v").value = 1;
+  for (const id of ["hsv-h", "hsv-s", "hsv-v"]) $(`${id}-out`).textContent = $(id).value;
+  redraw();
+}
+
+// ------------------------------------------------------------------ pointer: orbit or paint
+function canvasXY(e) {
+  const r = screen.getBoundingClientRect();
+  return [((e.clientX - r.left) * SIZE) / r.width, ((e.clientY - r.top) * SIZE) / r.height];
+}
+
+let drag = null;
+screen.addEventListener("contextmenu", (e) => e.preventDefault());
+screen.addEventListener("pointerdown", (e) => {
+  screen.setPointerCapture(e.pointerId);
+  const [x, y] = canvasXY(e);
+  const painting = tool() !== "orbit" && e.button === 0 && !e.shiftKey;
+  if (painting) {
+    if (!sp.base || !sameView(sp.baseView, sp.view) || sp.baseEpoch !== sp.epoch) {
+      status("wait for the view to finish rendering before painting", true);
+      return;
+    }
+    drag = { mode: "paint", x, y, first: true };
+    strokeTo(drag, x, y);
+    redraw();
+    return;
+  }
+  if (locked()) {
+    status("the view is locked while you edit: apply the edit or clear it first", true);
+    return;
+  }
+  drag = { mode: e.button === 2 || e.shiftKey ? "pan" : "orbit", x, y };
+});
+screen.addEventListener("pointermove", (e) => {
+  if (!drag) return;
+  const [x, y] = canvasXY(e);
+  if (drag.mode === "paint") {
+    strokeTo(drag, x, y);
+    redraw();
+    return;
+  }
+  const dx = x - drag.x, dy = y - drag.y;
+  drag.x = x; drag.y = y;
+  const v = sp.view;
+  if (drag.mode === "pan") {
+    v.pan_x = Math.max(-10, Math.min(10, v.pan_x - (dx / SIZE) * 2 * v.zoom));
+    v.pan_y = Math.max(-10, Math.min(10, v.pan_y + (dy / SIZE) * 2 * v.zoom));
+  } else {
+    v.az = (((v.az - dx * 0.4) % 360) + 360) % 360;
+    v.el = Math.max(-89, Math.min(89, v.el + dy * 0.3));
+  }
+  requestFrame(false);
+});
+const endDrag = () => {
+  if (drag && drag.mode === "paint") endStroke();
+  else if (drag) requestFrame(true);
+  drag = null;
+};
+screen.addEventListener("pointerup", endDrag);
+screen.addEventListener("pointercancel", endDrag);
+screen.addEventListener("wheel", (e) => {
+  e.preventDefault();
+  if (locked()) return;
+  sp.view.zoom = Math.max(0.05, Math.min(20, sp.view.zoom * Math.exp(e.deltaY * 0.001)));
+  requestFrame(false);
+}, { passive: false });
+
+// ------------------------------------------------------------------ session and history
+function showInfo(info) {
+  const changed = !sp.info || sp.info.id !== info.id || sp.info.index !== info.index
+    || sp.info.history.length !== info.history.length;
+  sp.info = info;
+  if (changed) { sp.epoch += 1; requestFrame(true); }
+  $("asset-name").textContent = `${info.name} · ${info.num_gaussians} Gaussians`;
+  $("undo").disabled = !info.can_undo;
+  $("redo").disabled = !info.can_redo;
+  $("export-ply").href = `/api/sessions/${info.id}/export?format=ply`;
+  $("export-splat").href = `/api/sessions/${info.id}/export?format=splat`;
+  const list = $("history");
+  list.replaceChildren();
+  for (const e of info.history) {
+    const li = document.createElement("li");
+    const secs = e.seconds ? ` · ${e.seconds.toFixed(2)} s` : "";
+    const n = e.index ? ` · ${e.changed_gaussians} changed` : "";
+    li.textContent = `${e.label}${n}${secs}`;
+    li.classList.toggle("current", e.index === info.index);
+    li.classList.toggle("undone", e.index > info.index);
+    li.addEventListener("click", () => historyAction(`goto/${e.index}`));
+    list.appendChild(li);
+  }
+  markReady();
+}
+
+function setSession(info) {
+  sp.sid = info.id;
+  history_replace(info.id);
+  const { az, el, zoom, pan_x, pan_y } = info.view;
+  sp.view = { az, el, zoom, pan_x, pan_y };
+  sp.base = null; sp.frame = null;
+  clearEdits();
+  sp.info = null;
+  showInfo(info);
+}
+
+function history_replace(id) {
+  window.history.replaceState(null, "", `#s=${id}`);
+}
+
+async function historyAction(action) {
+  if (sp.applying) return;
+  try {
+    showInfo(await api(`/api/sessions/${sp.sid}/${action}`, { method: "POST" }));
+    clearEdits();
+  } catch (e) {
+    status(e.message, true);
+  }
+}
+
+async function applyEdit() {
+  if (!sp.base || sp.baseEpoch !== sp.epoch || !sameView(sp.baseView, sp.view)) {
+    status("wait for the view to finish rendering", true);
+    return;
+  }
+  if (!hasEdits()) {
+    status("paint, adjust colours or upload an edited image first", true);
+    return;
+  }
+  compose(work, sp.edited || sp.base);
+  const body = {
+    view: { ...sp.baseView, width: SIZE, height: SIZE },
+    image: work.toDataURL("image/png"),
+    mask: null,
+    method: $("method").value,
+    kind: $("kind").value,
+  };
+  if (sp.hasMask) {
+    const c = work.getContext("2d");
+    c.fillStyle = "#000";
+    c.fillRect(0, 0, SIZE, SIZE);
+    c.drawImage(maskLayer, 0, 0);
+    body.mask = work.toDataURL("image/png");
+  }
+  sp.applying = true;
+  markReady();
+  $("progress").hidden = false;
+  const t0 = performance.now();
+  const tick = setInterval(() => {
+    $("progress-text").textContent = `${body.method}: ${((performance.now() - t0) / 1000).toFixed(1)} s`;
+  }, 100);
+  status(`applying with ${body.method}…`);
+  try {
+    const info = await api(`/api/sessions/${sp.sid}/apply`, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+    clearEdits();
+    sp.applying = false;
+    showInfo(info);
+    const last = info.history[info.index];
+    status(`applied with ${body.method} in ${info.seconds.toFixed(2)} s: ${last.changed_gaussians} Gaussians changed`);
+  } catch (e) {
+    status(`apply failed: ${e.message}`, true);
+  } finally {
+    sp.applying = false;
+    clearInterval(tick);
+    $("progress").hidden = true;
+    $("progress-text").textContent = "";
+    markReady();
+  }
+}
+
+async function openUpload(file) {
+  status(`uploading ${file.name}…`);
+  try {
+    const info = await api(`/api/sessions?name=${encodeURIComponent(file.name)}`, {
+      method: "POST", headers: { "Content-Type": "application/octet-stream" }, body: file,
+    });
+    setSession(info);
+  } catch (e) {
+    status(`could not open ${file.name}: ${e.message}`, true);
+  }
+}
+
+async function uploadEdited(file) {
+  try {
+    let bmp = await createImageBitmap(file);
+    if (bmp.width !== SIZE || bmp.height !== SIZE) {
+      status(`the image is ${bmp.width}x${bmp.height}; scaled to the ${SIZE}x${SIZE} view`);
+      bmp = await createImageBitmap(file, { resizeWidth: SIZE, resizeHeight: SIZE, resizeQuality: "high" });
+    }
+    if (!sp.base || !sameView(sp.baseView, sp.view)) throw new Error("wait for the view to finish rendering");
+    sp.edited = bmp;
+    redraw();
+    showStatusLine();
+    markReady();
+  } catch (e) {
+    status(`could not use that image: ${e.message}`, true);
+  }
+}
+
+// ------------------------------------------------------------------ wiring
+for (const id of ["brush-size", "brush-opacity", "brush-hardness", "hsv-h", "hsv-s", "hsv-v"]) {
+  $(id).addEventListener("input", () => {
+    $(`${id}-out`).textContent = $(id).value;
+    if (id.startsWith("hsv")) { redraw(); showStatusLine(); markReady(); }
+  });
+}
+$("hsv-scope").addEventListener("change", redraw);
+$("mask-layer").addEventListener("change", redraw);
+for (const r of document.querySelectorAll("input[name=tool]")) {
+  r.addEventListener("change", () => screen.classList.toggle("painting", tool() !== "orbit"));
+}
+$("clear-paint").addEventListener("click", () => { clearEdits(); showStatusLine(); markReady(); });
+$("apply").addEventListener("click", applyEdit);
+$("undo").addEventListener("click", () => historyAction("undo"));
+$("redo").addEventListener("click", () => historyAction("redo"));
+$("reset").addEventListener("click", () => historyAction("reset"));
+$("reset-memory").addEventListener("click", () => historyAction("reset_memory"));
+$("open-file").addEventListener("change", (e) => { if (e.target.files[0]) openUpload(e.target.files[0]); e.target.value = ""; });
+$("upload-edit").addEventListener("change", (e) => { if (e.target.files[0]) uploadEdited(e.target.files[0]); e.target.value = ""; });
+$("new-session").addEventListener("click", async () => {
+  try { setSession(await api("/api/sessions", { method: "POST" })); } catch (e) { status(e.message, true); }
+});
+document.addEventListener("keydown", (e) => {
+  if (!(e.ctrlKey || e.metaKey)) return;
+  if (e.key === "z") { e.preventDefault(); historyAction(e.shiftKey ? "redo" : "undo"); }
+  if (e.key === "y") { e.preventDefault(); historyAction("redo"); }
+});
+
+async function start() {
+  try {
+    sp.cfg = await api("/api/config");
+    for (const [sel, items, def] of [["method", sp.cfg.methods, sp.cfg.default_method], ["kind", sp.cfg.kinds, sp.cfg.default_kind]]) {
+      for (const m of items) $(sel).add(new Option(m, m, m === def, m === def));
+    }
+    const m = location.hash.match(/s=([0-9a-f]{32})/);
+    let info = null;
+    if (m) {
+      try { info = await api(`/api/sessions/${m[1]}`); } catch (e) {
+        status(`session ${m[1].slice(0, 8)}… could not be opened (${e.message}); starting a new one`, true);
+      }
+    }
+    if (!info) info = await api("/api/sessions", { method: "POST" });
+    setSession(info);
+  } catch (e) {
+    status(`could not start: ${e.message}`, true);
+  }
+}
+start();

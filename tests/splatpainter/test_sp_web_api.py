@@ -1,0 +1,340 @@
+"""The browser editor's HTTP API (FastAPI TestClient, real renderer, real editor model):
+sessions, frames, edits, history, autosave, and hostile requests."""
+
+import base64
+import io
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+with warnings.catch_warnings():  # starlette's note on httpx versions is not ours to act on
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from splatpainter.assets.procedural import make_demo_asset
+from splatpainter.io import load_asset, ply_from_bytes, save_asset
+from splatpainter.io.splat import splat_from_bytes
+from splatpainter.web import EditorBackend, ServerConfig, create_app
+
+SIZE = 64
+VIEW = {"az": 30.0, "el": 20.0, "zoom": 1.0, "pan_x": 0.0, "pan_y": 0.0}
+
+
+@pytest.fixture(scope="module")
+def asset_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("asset") / "small.ply"
+    save_asset(make_demo_asset(1500, seed=0).asset, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def backend(asset_file, tmp_path_factory):
+    cfg = ServerConfig(
+        workdir=tmp_path_factory.mktemp("work"),
+        asset_path=asset_file,
+        max_upload_bytes=200_000,
+        optimize_steps=30,
+    )
+    return EditorBackend(cfg)
+
+
+@pytest.fixture(scope="module")
+def client(backend):
+    return TestClient(create_app(backend.config, backend))
+
+
+def png_url(arr: np.ndarray) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def frame(client, sid, **view) -> np.ndarray:
+    from PIL import Image
+
+    q = {**VIEW, **view, "w": SIZE, "h": SIZE, "fmt": "png"}
+    r = client.get(f"/api/sessions/{sid}/render", params=q)
+    assert r.status_code == 200, r.text
+    return np.asarray(Image.open(io.BytesIO(r.content)).convert("RGB"))
+
+
+def painted(base: np.ndarray, color=(255, 0, 255)) -> np.ndarray:
+    out = base.copy()
+    out[24:40, 24:40] = color
+    return out
+
+
+def apply(client, sid, image, method="backproject", **extra):
+    body = {
+        "view": {**VIEW, "width": SIZE, "height": SIZE},
+        "image": png_url(image),
+        "method": method,
+        **extra,
+    }
+    return client.post(f"/api/sessions/{sid}/apply", json=body)
+
+
+def new_session(client) -> str:
+    r = client.post("/api/sessions")
+    assert r.status_code == 200, r.text
+    return r.json()["id"]
+
+
+def test_health_and_page(client):
+    r = client.get("/api/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    page = client.get("/")
+    assert page.status_code == 200 and "<canvas" in page.text
+    for name in ("app.js", "style.css"):
+        assert client.get(f"/static/{name}").status_code == 200
+    # the page loads nothing from elsewhere
+    assert "http" not in client.get("/static/app.js").text.replace("http://", "")
+    assert "://" not in page.text
+
+
+@pytest.mark.parametrize("method", ["model", "backproject", "optimize"])
+def test_apply_changes_the_stroke_and_undo_restores(client, method):
+    sid = new_session(client)
+    before = frame(client, sid)
+    r = apply(client, sid, painted(before), method=method, kind="paint")
+    assert r.status_code == 200, r.text
+    info = r.json()
+    assert info["index"] == 1 and info["history"][1]["method"] == method
+    after = frame(client, sid)
+    diff = np.abs(after.astype(int) - before.astype(int)).max(-1)
+    assert diff[26:38, 26:38].mean() > 20  # the stroke took
+    assert client.post(f"/api/sessions/{sid}/undo").json()["index"] == 0
+    assert np.array_equal(frame(client, sid), before)  # bit-exact restore
+    assert client.post(f"/api/sessions/{sid}/redo").json()["index"] == 1
+    assert np.array_equal(frame(client, sid), after)
+
+
+def test_history_reset_goto_and_export(client, asset_file):
+    sid = new_session(client)
+    before = frame(client, sid)
+    apply(client, sid, painted(before))
+    info = client.post(f"/api/sessions/{sid}/reset").json()
+    assert info["index"] == 2 and [e["label"] for e in info["history"]][-1] == "reset"
+    assert np.array_equal(frame(client, sid), before)
+    info = client.post(f"/api/sessions/{sid}/goto/1").json()
+    assert info["index"] == 1 and info["can_redo"]
+    edited = frame(client, sid)
+    r = client.get(f"/api/sessions/{sid}/export", params={"format": "ply"})
+    assert r.status_code == 200 and "attachment" in r.headers["content-disposition"]
+    exported = ply_from_bytes(r.content)[0]
+    assert exported.num_gaussians == load_asset(asset_file).num_gaussians
+    r = client.get(f"/api/sessions/{sid}/export", params={"format": "splat"})
+    assert splat_from_bytes(r.content).num_gaussians == exported.num_gaussians
+    assert not np.array_equal(edited, before)
+    assert client.post(f"/api/sessions/{sid}/goto/9").status_code == 409
+
+
+def test_session_survives_a_server_restart(backend, client):
+    sid = new_session(client)
+    before = frame(client, sid)
+    apply(client, sid, painted(before), method="model")
+    r = client.put(
+        f"/api/sessions/{sid}/view", json={**VIEW, "az": 75.0, "width": 512, "height": 512}
+    )
+    assert r.status_code == 200, r.text
+    edited = frame(client, sid)
+    # the autosave is an ordinary session file (what `splatpainter session show` reads)
+    from splatpainter.edit.session import StoredSession
+
+    saved = StoredSession.read(backend.config.workdir / "sessions" / sid / "session.spsession")
+    assert saved.summary()["index"] == 1 and saved.summary()["entries"][1]["method"] == "model"
+    # A new backend on the same work directory: nothing in memory, everything from disk.
+    fresh = EditorBackend(backend.config)
+    with TestClient(create_app(backend.config, fresh)) as c2:
+        info = c2.get(f"/api/sessions/{sid}").json()
+        assert info["index"] == 1 and info["view"]["az"] == 75.0
+        assert np.array_equal(frame(c2, sid), edited)
+        assert c2.post(f"/api/sessions/{sid}/undo").status_code == 200
+        assert np.array_equal(frame(c2, sid), before)
+
+
+def test_uploads_checked_and_limited(client, asset_file):
+    data = asset_file.read_bytes()
+    assert len(data) < 200_000
+    r = client.post("/api/sessions", params={"name": "mine.ply"}, content=data)
+    assert r.status_code == 200, r.text
+    assert r.json()["name"] == "mine.ply" and r.json()["num_gaussians"] == 1500
+    # over the limit: refused before parsing
+    big = data + b"\0" * 200_001
+    r = client.post("/api/sessions", params={"name": "big.ply"}, content=big)
+    assert r.status_code == 413 and "too large" in r.json()["detail"]
+    # corrupt bodies: clear 4xx, never a 500
+    for name, body in [
+        ("bad.ply", b"ply\nformat binary_little_endian 1.0\nelement vertex 99\nend_header\n"),
+        ("bad.ply", data[: len(data) // 2]),
+        ("bad.splat", b"\1" * 33),
+        ("zero.splat", b"\0" * 64),
+        ("x.txt", b"hello"),
+    ]:
+        r = client.post("/api/sessions", params={"name": name}, content=body)
+        assert 400 <= r.status_code < 500, (name, r.status_code, r.text)
+        assert r.json()["detail"] and "\n" not in r.json()["detail"]
+    r = client.post("/api/sessions", content=b"abc")
+    assert r.status_code == 400 and "name" in r.json()["detail"]
+    assert client.get("/api/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/sessions/..%2F..%2Fetc%2Fpasswd",
+        "/api/sessions/../../etc/passwd",
+        "/api/sessions/%2e%2e/render",
+        "/api/sessions/" + "0" * 31 + "g",
+        "/api/sessions/" + "a" * 32,  # well-formed but unknown
+        "/static/..%2F..%2F__init__.py",
+        "/static/%2e%2e%2fapp.py",
+    ],
+)
+def test_traversal_gets_4xx(client, path):
+    r = client.get(path)
+    assert 400 <= r.status_code < 500, (path, r.status_code)
+    assert "root:" not in r.text and "import" not in r.text
+
+
+def test_malformed_requests_get_clear_4xx(client):
+    sid = new_session(client)
+    base = frame(client, sid)
+    url = f"/api/sessions/{sid}/apply"
+    cases = [
+        (client.post(url, content=b"{not json"), "JSON"),
+        (client.post(url, content=b"[" * 100_000 + b"]" * 100_000), "JSON"),
+        (client.post(url, json=[1, 2]), "object"),
+        (apply(client, sid, base, method="magic"), "method"),
+        (apply(client, sid, base, kind="sparkle"), "kind"),
+        (apply(client, sid, base[:32]), "view is 64x64"),
+        (client.post(url, json={"view": {**VIEW, "width": SIZE, "height": SIZE}}), "image"),
+        (client.post(url, json={"view": {**VIEW, "el": 95}, "image": ""}), "view.el"),
+        (
+            client.post(url, json={"view": {**VIEW, "width": SIZE, "height": SIZE}, "image": "%%"}),
+            "base64",
+        ),
+        (
+            client.post(
+                url,
+                json={
+                    "view": {**VIEW, "width": SIZE, "height": SIZE},
+                    "image": "data:image/png;base64," + base64.b64encode(b"nope").decode(),
+                },
+            ),
+            "not a readable image",
+        ),
+        (client.post(url, json={"view": VIEW, "image": png_url(base), "extra": 1}), "unknown"),
+        (client.get(f"/api/sessions/{sid}/render", params={"az": "nan"}), "az"),
+        (client.get(f"/api/sessions/{sid}/render", params={"w": 100_000}), "width"),
+        (client.get(f"/api/sessions/{sid}/render", params={"az": "left"}), "az"),
+        (client.get(f"/api/sessions/{sid}/render", params={"fmt": "gif"}), "fmt"),
+        (client.get(f"/api/sessions/{sid}/export", params={"format": "obj"}), "format"),
+        (client.post(f"/api/sessions/{sid}/undo"), "nothing to undo"),
+        (client.put(f"/api/sessions/{sid}/view", json={"az": "x"}), "view.az"),
+    ]
+    for r, words in cases:
+        assert 400 <= r.status_code < 500, (words, r.status_code, r.text)
+        detail = r.json()["detail"]
+        assert isinstance(detail, str) and words in detail, (words, detail)
+    # a decompression bomb is refused from its header, before decoding: a PNG that declares
+    # 100000 x 100000 pixels (and holds none)
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+    bomb = "data:image/png;base64," + base64.b64encode(png).decode()
+    r = client.post(url, json={"view": {**VIEW, "width": SIZE, "height": SIZE}, "image": bomb})
+    assert r.status_code == 400 and r.json()["detail"].startswith("image:")
+    assert client.get(f"/api/sessions/{sid}").json()["index"] == 0
+    assert client.get("/api/health").status_code == 200
+
+
+def test_concurrent_sessions_are_independent(client):
+    a, b = new_session(client), new_session(client)
+    base_a, base_b = frame(client, a), frame(client, b)
+    assert np.array_equal(base_a, base_b)
+    results = {}
+
+    def work(sid, color):
+        for _ in range(2):
+            img = frame(client, sid)
+            results.setdefault(sid, []).append(apply(client, sid, painted(img, color)).status_code)
+
+    threads = [
+        threading.Thread(target=work, args=(a, (255, 0, 0))),
+        threading.Thread(target=work, args=(b, (0, 0, 255))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results == {a: [200, 200], b: [200, 200]}
+    fa, fb = frame(client, a), frame(client, b)
+    assert fa[32, 32, 0] > fa[32, 32, 2] and fb[32, 32, 2] > fb[32, 32, 0]
+    # undoing one leaves the other alone
+    client.post(f"/api/sessions/{a}/undo")
+    client.post(f"/api/sessions/{a}/undo")
+    assert np.array_equal(frame(client, a), base_a)
+    assert np.array_equal(frame(client, b), fb)
+    assert client.get(f"/api/sessions/{b}").json()["index"] == 2
+
+
+def test_busy_session_answers_409(client, backend):
+    sid = new_session(client)
+    live = backend.store.get(sid)
+    with live.lock:
+        r = client.post(f"/api/sessions/{sid}/reset")
+    assert r.status_code == 409 and "busy" in r.json()["detail"]
+
+
+def test_mask_limits_the_edit(client):
+    sid = new_session(client)
+    before = frame(client, sid)
+    image = before.copy()
+    image[16:48, 16:48] = (0, 255, 0)
+    mask = np.zeros((SIZE, SIZE), np.uint8)
+    mask[16:48, 16:32] = 255  # only the left half of the painted square counts
+    r = apply(client, sid, image, mask=png_url(mask))
+    assert r.status_code == 200, r.text
+    after = frame(client, sid)
+    diff = np.abs(after.astype(int) - before.astype(int)).max(-1)
+    assert diff[20:44, 18:30].mean() > 3 * diff[20:44, 36:46].mean() + 1
+    assert torch.is_tensor(torch.as_tensor(diff))
+
+
+def test_serve_refuses_bad_input_in_one_line(tmp_path):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from splatpainter.cli import app
+
+    runner = CliRunner()
+    work = ["--workdir", str(tmp_path), "--port", "0"]
+    r = runner.invoke(app, ["serve", str(tmp_path / "missing.ply"), *work])
+    assert r.exit_code == 2 and "error:" in r.output and "missing.ply" in r.output
+    (tmp_path / "junk.splat").write_bytes(b"\1" * 33)
+    r = runner.invoke(app, ["serve", str(tmp_path / "junk.splat"), *work])
+    assert r.exit_code == 2 and "error:" in r.output and r.output.count("\n") == 1
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        r = runner.invoke(app, ["serve", "--workdir", str(tmp_path), "--port", str(port)])
+    assert r.exit_code == 2 and "cannot listen" in r.output
+    r = runner.invoke(app, ["serve", "--method", "magic"])
+    assert r.exit_code == 2 and "magic" in r.output
