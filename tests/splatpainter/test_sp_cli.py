@@ -146,3 +146,14 @@ def test_convert_ply_keeps_extras(tmp_path):
     assert res.exit_code == 0, res.output
     assert (tmp_path / "b.ply").read_bytes() == src.read_bytes()
     assert load_asset(tmp_path / "b.ply").num_gaussians == 300
+
+
+def test_cli_choices_match_the_library():
+    """The enums --help lists are the names the library accepts (declared once per concept)."""
+    from splatpainter.cli.options import EditKind, EditMethod, EvalHint
+    from splatpainter.eval.suite import HINT_MODES, METHODS
+    from splatpainter.model.stage2 import EDIT_HINTS
+
+    assert [k.value for k in EditKind] == list(EDIT_HINTS)
+    assert {m.value for m in EditMethod} == set(METHODS)
+    assert [h.value for h in EvalHint] == list(HINT_MODES)

@@ -313,7 +313,7 @@ def test_evaluate_prints_a_table(tmp_path):
         (["--kinds", "paint,sculpt"], "--kinds: unknown 'sculpt'"),
         (["--seeds", f"0-{EVAL_SEED_LIMIT}"], "training seed"),
         (["--suite", "mipnerf360"], "unknown suite 'mipnerf360'"),
-        (["--hint", "guess"], "--hint must be one of"),
+        (["--hint", "guess"], "'guess' is not one of 'kind', 'auto'"),
         (["--gaussians", "lots"], "--gaussians: expected MIN-MAX"),
         (["--methods", "backproject", "--weights", "w.safetensors"], "--weights only applies"),
     ],

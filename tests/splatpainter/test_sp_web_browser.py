@@ -146,6 +146,10 @@ def test_orbit_paint_apply_undo_export(playwright_api, server, tmp_path):
             sx0, sx1, sy = SIZE // 2 - 70, SIZE // 2 + 70, SIZE // 2
             drag(page, [(x0 + x, y0 + sy) for x in range(sx0, sx1 + 1, 10)], pause_ms=5)
             assert page.evaluate("sp.hasPaint")
+            # paint not yet applied survives a reload (kept in the browser with its view)
+            page.reload()
+            wait_ready(page, "sp.hasPaint")
+            assert page.evaluate("sp.sid") == sid
             page.screenshot(path=str(ARTIFACTS / "web_editor_painted.png"))
             page.click("#apply")
             wait_ready(page, "document.body.dataset.entry === '1'")

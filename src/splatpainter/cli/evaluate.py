@@ -14,6 +14,7 @@ import typer
 from appshell.atomic import check_output_dir
 from appshell.cli import JsonFlag, UserError, note, print_json
 from splatpainter.cli.app import app
+from splatpainter.cli.options import EvalHint
 
 UNTRAINED_WARNING = (
     "warning: the editor model has untrained, deterministically seeded weights; its rows are "
@@ -55,8 +56,8 @@ def evaluate(
     weights: Path | None = typer.Option(
         None, help="editor weights for method model (default: the shipped ones)"
     ),
-    hint: str = typer.Option(
-        "kind", metavar="HINT", help="model edit-kind hint: kind (the true one) or auto"
+    hint: EvalHint = typer.Option(
+        EvalHint.kind, help="model edit-kind hint: kind (the true one) or auto"
     ),
     gaussians: str = typer.Option("5000-8000", metavar="MIN-MAX", help="asset size range MIN-MAX"),
     view_size: int = typer.Option(128, help="edit and held-out view size (pixels)"),
@@ -69,7 +70,6 @@ def evaluate(
 ) -> None:
     """Score editing methods on held-out views against 3D ground truth, per edit kind."""
     from splatpainter.eval.suite import (
-        HINT_MODES,
         METHODS,
         EvalConfig,
         EvalError,
@@ -78,8 +78,6 @@ def evaluate(
     )
     from splatpainter.train.data import KINDS
 
-    if hint not in HINT_MODES:
-        raise EvalError(f"--hint must be one of {', '.join(HINT_MODES)}, got {hint!r}")
     lo, hi = _parse_range(gaussians, "gaussians")
     config = EvalConfig(
         seeds=parse_seeds(seeds),
@@ -91,7 +89,7 @@ def evaluate(
         view_size=view_size,
         num_heldout=heldout,
         optimize_steps=optimize_steps,
-        hint=hint,
+        hint=hint.value,
         forgetting=forgetting,
         grid_rows=grid_rows,
     ).validate()

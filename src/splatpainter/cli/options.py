@@ -16,6 +16,7 @@ MAX_RENDER_PIXELS = 4096 * 4096
 EditMethod = choice_enum("EditMethod", ["model", "backproject", "optimize"])
 EditKind = choice_enum("EditKind", ["auto", "paint", "recolor", "relight", "detail"])
 Backend = choice_enum("Backend", ["auto", "numba", "reference", "gsplat"])
+EvalHint = choice_enum("EvalHint", ["kind", "auto"])  # eval.suite.HINT_MODES
 
 
 def check_render_size(width: int, height: int, what: str = "--size") -> tuple[int, int]:

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import typer
 
-from appshell.cli import choice_enum, fail, note, status
+from appshell.cli import fail, note, status
 from appshell.errors import UserError
 from splatpainter.cli.app import app
-
-Method = choice_enum("Method", ["model", "backproject", "optimize"])
-Kind = choice_enum("Kind", ["auto", "paint", "recolor", "relight", "detail"])
+from splatpainter.cli.options import EditKind, EditMethod
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -48,8 +46,10 @@ def serve(
     ),
     host: str = typer.Option("127.0.0.1", help="interface to listen on (loopback by default)"),
     port: int = typer.Option(7860, min=0, max=65535, help="port (0: any free port)"),
-    method: Method = typer.Option(Method.model, help="the editing method selected at first"),
-    kind: Kind = typer.Option(Kind.auto, help="the edit-kind hint selected at first"),
+    method: EditMethod = typer.Option(
+        EditMethod.model, help="the editing method selected at first"
+    ),
+    kind: EditKind = typer.Option(EditKind.auto, help="the edit-kind hint selected at first"),
     weights: Path | None = typer.Option(
         None, help="editor weights (.safetensors or checkpoint); default: the shipped ones"
     ),

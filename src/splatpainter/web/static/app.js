@@ -276,6 +276,7 @@ function endStroke() {
   redraw();
   showStatusLine();
   markReady();
+  saveDraft();
 }
 
 function clearEdits() {
@@ -284,6 +285,42 @@ function clearEdits() {
   $("hsv-h").value = 0; $("hsv-s").value = 1; $("hsv-v").value = 1;
   for (const id of ["hsv-h", "hsv-s", "hsv-v"]) $(`${id}-out`).textContent = $(id).value;
   redraw();
+  saveDraft();
+}
+
+// ------------------------------------------------------------------ unapplied paint survives a reload
+// The server keeps the applied history and the view; paint and mask not yet applied stay in this
+// browser (localStorage, per session), tied to the view and history entry they were painted on.
+const draftKey = () => `splatpainter-draft-${sp.sid}`;
+
+function saveDraft() {
+  if (!sp.sid) return;
+  try {
+    if (!sp.hasPaint && !sp.hasMask) { localStorage.removeItem(draftKey()); return; }
+    localStorage.setItem(draftKey(), JSON.stringify({
+      view: sp.view, index: sp.info ? sp.info.index : null,
+      paint: sp.hasPaint ? paintLayer.toDataURL("image/png") : null,
+      mask: sp.hasMask ? maskLayer.toDataURL("image/png") : null,
+    }));
+  } catch (e) { /* storage full or disabled: the draft is simply not kept */ }
+}
+
+function loadDraft() {
+  try { return JSON.parse(localStorage.getItem(draftKey()) || "null"); } catch (e) { return null; }
+}
+
+function restoreDraft(draft, info) {
+  if (!draft || draft.index !== info.index || !sameView(draft.view, sp.view)) return;
+  for (const [url, l, flag] of [[draft.paint, paintLayer, "hasPaint"], [draft.mask, maskLayer, "hasMask"]]) {
+    if (!url) continue;
+    const img = new Image();
+    img.onload = () => {
+      l.getContext("2d").drawImage(img, 0, 0);
+      sp[flag] = true;
+      redraw(); showStatusLine(); markReady(); saveDraft();
+    };
+    img.src = url;
+  }
 }
 
 // ------------------------------------------------------------------ pointer: orbit or paint
@@ -377,12 +414,14 @@ function showInfo(info) {
 function setSession(info) {
   sp.sid = info.id;
   history_replace(info.id);
+  const draft = loadDraft();
   const { az, el, zoom, pan_x, pan_y } = info.view;
   sp.view = { az, el, zoom, pan_x, pan_y };
   sp.base = null; sp.frame = null;
   clearEdits();
   sp.info = null;
   showInfo(info);
+  restoreDraft(draft, info);
 }
 
 function history_replace(id) {
