@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -260,12 +260,7 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
     def session_info(sid: str):
         return store.get(sid).info()
 
-    def _view(az, el, zoom, pan_x, pan_y, w, h) -> OrbitView:
-        return OrbitView(az, el, zoom, pan_x, pan_y, w, h).validate()
-
-    @app.get("/api/sessions/{sid}/render")
-    def render_view(
-        sid: str,
+    def query_view(
         az: float = 30.0,
         el: float = 20.0,
         zoom: float = 1.0,
@@ -273,11 +268,18 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
         pan_y: float = 0.0,
         w: int = 512,
         h: int = 512,
+    ) -> OrbitView:
+        """The orbit view named by a request's query parameters (shared by every GET of one)."""
+        return OrbitView(az, el, zoom, pan_x, pan_y, w, h).validate()
+
+    @app.get("/api/sessions/{sid}/render")
+    def render_view(
+        sid: str,
+        view: OrbitView = Depends(query_view),
         fmt: str = Query("png", pattern="^(png|jpeg)$"),
         quality: int = Query(80, ge=10, le=95),
     ):
         live = store.get(sid)
-        view = _view(az, el, zoom, pan_x, pan_y, w, h)
         t0 = time.perf_counter()
         rgb = be.render(live, view)
         t1 = time.perf_counter()
@@ -291,21 +293,10 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
         )
 
     @app.get("/api/sessions/{sid}/camera")
-    def camera_json(
-        sid: str,
-        az: float = 30.0,
-        el: float = 20.0,
-        zoom: float = 1.0,
-        pan_x: float = 0.0,
-        pan_y: float = 0.0,
-        w: int = 512,
-        h: int = 512,
-    ):
+    def camera_json(sid: str, view: OrbitView = Depends(query_view)):
         """The camera of a view as `splatpainter edit --view` reads it (edit elsewhere)."""
         live = store.get(sid)
-        return orbit_camera(
-            _view(az, el, zoom, pan_x, pan_y, w, h), live.centre, live.radius
-        ).to_dict()
+        return orbit_camera(view, live.centre, live.radius).to_dict()
 
     @app.put("/api/sessions/{sid}/view")
     async def save_view(sid: str, request: Request):
