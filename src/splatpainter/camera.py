@@ -558,12 +558,12 @@ def load_camera(path: str | os.PathLike[str]) -> Camera:
 
 
 def save_camera(camera: Camera, path: str | os.PathLike[str]) -> None:
-    from splatpainter.io.atomic import atomic_write_text
+    from appshell.atomic import atomic_write_text
 
     atomic_write_text(path, camera.to_json() + "\n")
 
 
 def save_cameras(cameras: Sequence[Camera], path: str | os.PathLike[str]) -> None:
-    from splatpainter.io.atomic import atomic_write_text
+    from appshell.atomic import atomic_write_text
 
     atomic_write_text(path, json.dumps([c.to_dict() for c in cameras], indent=2) + "\n")

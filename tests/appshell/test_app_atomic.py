@@ -159,8 +159,9 @@ def test_writing_a_directory_path_is_one_clear_error(tmp_path):
 def test_one_helper_for_the_whole_repository():
     import importlib.util
 
-    import splatpainter.io.atomic as sp_atomic
+    import splatpainter.io as sp_io
     from appshell import atomic
 
-    assert sp_atomic.atomic_open is atomic.atomic_open
+    assert sp_io.atomic_open is atomic.atomic_open
     assert importlib.util.find_spec("knapformer.fileio") is None  # the second copy is gone
+    assert importlib.util.find_spec("splatpainter.io.atomic") is None  # and the re-export

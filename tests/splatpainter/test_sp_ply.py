@@ -230,7 +230,7 @@ def test_empty_asset_round_trip(tmp_path):
 
 
 def test_atomic_write_helper(tmp_path):
-    from splatpainter.io.atomic import atomic_open, atomic_write_bytes
+    from appshell.atomic import atomic_open, atomic_write_bytes
 
     target = tmp_path / "f.bin"
     atomic_write_bytes(target, b"old")

@@ -64,7 +64,7 @@ def compose_grid(rows: list[GridRow], methods: list[str]):
 
 def write_grid(path: str | os.PathLike[str], rows: list[GridRow], methods: list[str]) -> None:
     """Compose the grid and write it as a PNG (readers never see a partial file)."""
-    from splatpainter.io.atomic import atomic_write_bytes
+    from appshell.atomic import atomic_write_bytes
 
     buf = io.BytesIO()
     compose_grid(rows, methods).save(buf, format="PNG")

@@ -516,8 +516,8 @@ def write_outputs(result: EvalResult, out_dir) -> dict[str, str]:
     import json
     from pathlib import Path
 
+    from appshell.atomic import atomic_write_text
     from splatpainter.eval.grid import write_grid
-    from splatpainter.io.atomic import atomic_write_text
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

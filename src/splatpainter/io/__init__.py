@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from appshell.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from splatpainter.assets.gaussians import GaussianAsset
-from splatpainter.io.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from splatpainter.io.errors import AssetFormatError
 from splatpainter.io.ply import (
     ply_from_bytes,

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from appshell.atomic import atomic_write_with
 from appshell.inputs import InputFileError, check_regular_file, loads_json
-from splatpainter.io.atomic import atomic_write_with
 from splatpainter.model.stage1 import (
     PreprocessViews,
     Stage1Config,

@@ -160,7 +160,7 @@ def _build_one(args: tuple) -> int:
     seed, spec, stage1, loss_view_size, solve, path = args
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(1)
-    from splatpainter.io.atomic import atomic_write_with
+    from appshell.atomic import atomic_write_with
 
     ex = build_example(seed, spec, stage1, loss_view_size, *solve)
     atomic_write_with(path, lambda f: torch.save(ex, f))

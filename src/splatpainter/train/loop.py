@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
+from appshell.atomic import atomic_write_with
 from splatpainter.camera import Camera
-from splatpainter.io.atomic import atomic_write_with
 from splatpainter.model.editor import EditorModel, load_weights, save_weights
 from splatpainter.train.config import ConfigError, TrainConfig
 from splatpainter.train.data import with_base_colors
