@@ -220,6 +220,20 @@ def test_memory_budget_respected_or_reported(inst, frac):
     assert feasible["ours"] == feasible["exact"]
 
 
+def test_memory_budget_needs_an_exact_fill():
+    """Found by CI: the one feasible plan fills the 1-GPU bag to exactly the budget (695 + 2259
+    = 2954), which neither budgeted LPT nor worst-fit packing finds; the search does."""
+    lengths = [[], [3001], [695, 2259, 2306]]
+    lay = BagLayout.parse("g1n1+g2n1", 3)
+    cost = CostModel.flops(3072, 1.0)
+    for solver in ("exact", "ours"):
+        p = plan_step(lengths, lay, cost, solver=solver, max_tokens_per_gpu=2954)
+        assert p.tokens_per_gpu().max() <= 2954
+        _check_plan(p, lengths, cost)
+    with pytest.raises(InfeasibleError, match="max_tokens_per_gpu=2953"):
+        plan_step(lengths, lay, cost, max_tokens_per_gpu=2953)
+
+
 def test_restricted_bound_proves_paper_mixture_limit():
     """mixres on g1n16+g2n4+g4n2: the 2048-px images need g2/g4 bags, so no plan gets near
     1.0; the bound (work + counting of indivisible sequences) certifies ~1.25 while total/N

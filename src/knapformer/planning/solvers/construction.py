@@ -109,14 +109,68 @@ def _pack_tokens(p: Problem) -> tuple[np.ndarray, np.ndarray]:
         room = budget - toks - tokk[s, p.cls]
         b = int(np.argmax(room))
         if room[b] < 0:
-            raise InfeasibleError(
-                f"found no assignment within max_tokens_per_gpu={budget} (greedy and "
-                f"worst-fit packing both failed; a sequence of {int(p.lengths[s])} tokens "
-                "did not fit)"
-            )
+            found = _pack_tokens_search(p)
+            if found is None:
+                raise InfeasibleError(
+                    f"found no assignment within max_tokens_per_gpu={budget} (greedy and "
+                    f"worst-fit packing failed, and a search of {_PACK_NODES} placements "
+                    f"found none; a sequence of {int(p.lengths[s])} tokens did not fit)"
+                )
+            return found, p.bag_loads(found)
         bag[s] = b
         toks[b] += tokk[s, p.cls[b]]
     return bag, p.bag_loads(bag)
+
+
+# placements the budget's last-resort search may try (small steps are searched exhaustively)
+_PACK_NODES = 200_000
+
+
+def _pack_tokens_search(p: Problem) -> np.ndarray | None:
+    """Depth-first search for any assignment within the token budget, longest sequence first;
+    bags of one size with the same tokens are interchangeable, so only one of them is tried.
+    Returns None when there is none (or the search ran out of placements)."""
+    budget = p.max_tokens
+    assert budget is not None
+    order = (-p.lengths).argsort(kind="stable").tolist()
+    tok = p.tok().tolist()
+    cls = p.cls.tolist()
+    toks = [0] * p.num_bags
+    bag = [-1] * p.n
+
+    def options(s: int) -> list[int]:
+        seen: set[tuple[int, int]] = set()
+        out = []
+        for b in range(p.num_bags):
+            key = (cls[b], toks[b])
+            if key not in seen and toks[b] + tok[s][cls[b]] <= budget:
+                seen.add(key)
+                out.append(b)
+        return out[::-1]  # popped from the end: bags in index order
+
+    stack = [options(order[0])] if order else []
+    nodes = 0
+    while stack:
+        i = len(stack) - 1
+        s = order[i]
+        if bag[s] >= 0:  # undo this level's previous choice
+            toks[bag[s]] -= tok[s][cls[bag[s]]]
+            bag[s] = -1
+        if not stack[-1]:
+            stack.pop()
+            continue
+        nodes += 1
+        if nodes > _PACK_NODES:
+            return None
+        b = stack[-1].pop()
+        bag[s] = b
+        toks[b] += tok[s][cls[b]]
+        if i + 1 == len(order):
+            break
+        stack.append(options(order[i + 1]))
+    if any(b < 0 for b in bag):
+        return None
+    return np.asarray(bag, dtype=np.int64)
 
 
 def _keep_home(p: Problem, level: float, order: np.ndarray) -> np.ndarray:
