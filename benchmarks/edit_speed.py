@@ -1,15 +1,17 @@
 """Editing-model speed: parameters, Stage I per asset, Stage II per edit, peak memory.
 
 Scene: the procedural demo asset with --gaussians Gaussians (default 20k), the shipped editor
-weights (or --weights), one painted edit view of
---size x --size pixels (default 128).  Stage I is timed cold (cache cleared) per asset; a Stage II
-edit is `ModelMethod.apply` end to end (current render, compositing-weight signals, least-squares
-solve, network, write back).  Baselines are timed on the same edit.  Medians over --repeats
-after one warm-up (plus the best run and the process CPU seconds per Stage II edit: on a shared
-machine the wall-clock median includes other load, CPU seconds / threads is what an idle machine
-would take).
+weights (or --weights), one edit view of --size x --size pixels (default 128): a painted square
+(--kind paint, the default), or the whole asset recoloured (--kind recolor) or relit (--kind
+relight), which with weights trained for it also fit the colour maps to the view's pixels.
+Stage I is timed cold (cache cleared) per asset; a Stage II edit is `ModelMethod.apply` end to
+end (current render, compositing-weight signals, least-squares solve, network, write back).
+Baselines are timed on the same edit.  Medians over --repeats after one warm-up (plus the best
+run and the process CPU seconds per Stage II edit: on a shared machine the wall-clock median
+includes other load, CPU seconds / threads is what an idle machine would take).
 
     python benchmarks/edit_speed.py [--json] [--threads 2] [--gaussians 20000] [--size 128]
+                                    [--kind paint|recolor|relight]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--optimize-steps", type=int, default=50)
     ap.add_argument("--weights", default=None, help="editor weights (default: shipped)")
+    ap.add_argument("--kind", choices=("paint", "recolor", "relight"), default="paint")
     args = ap.parse_args()
 
     import torch
@@ -61,16 +64,27 @@ def main() -> None:
     from splatpainter.edit import BackprojectMethod, EditView, ModelMethod, OptimizeMethod
     from splatpainter.model.editor import load_editor
     from splatpainter.render import render
+    from splatpainter.train.data import base_colors, with_base_colors
 
-    asset = make_demo_asset(args.gaussians, seed=0).asset
+    demo = make_demo_asset(args.gaussians, seed=0)
+    asset = demo.asset
     cam = orbit_cameras(asset, 4, width=args.size, height=args.size)[0]
-    img = render(asset, cam).rgb.clamp(0, 1).clone()
     s = args.size
-    img[s // 3 : s // 2, s // 3 : s // 2] = torch.tensor([1.0, 0.0, 1.0])
+    colors = base_colors(asset)
+    if args.kind == "paint":
+        img = render(asset, cam).rgb.clamp(0, 1).clone()
+        img[s // 3 : s // 2, s // 3 : s // 2] = torch.tensor([1.0, 0.0, 1.0])
+    else:
+        if args.kind == "recolor":
+            new = colors[:, [1, 2, 0]] * 0.9 + 0.05
+        else:
+            light = torch.nn.functional.normalize(torch.tensor([0.3, -0.5, 0.8]), dim=0)
+            new = colors * (0.3 + 0.8 * (demo.normals @ light).clamp_min(0))[:, None]
+        img = render(with_base_colors(asset, new.clamp(0, 1)), cam).rgb.clamp(0, 1)
     view = EditView(cam, img)
 
     model = load_editor(args.weights)
-    method = ModelMethod(model, kind="paint")
+    method = ModelMethod(model, kind=args.kind)
 
     def stage1() -> None:
         model._cache.clear()
@@ -90,8 +104,9 @@ def main() -> None:
     from splatpainter.edit.signals import gather_signals
 
     lat = state["latent"]
-    iters = model.stage2.config.solve_iters
-    sample = build_edit_sample(asset, [view], lat, hint="paint", solve_iters=iters)
+    settings = model.stage2.config.signal_settings()
+    iters = settings.solve_iters
+    sample = build_edit_sample(asset, [view], lat, hint=args.kind, settings=settings)
 
     def net() -> None:
         with torch.no_grad():
@@ -110,6 +125,7 @@ def main() -> None:
         "gaussians": asset.num_gaussians,
         "weights": "trained" if model.trained else "untrained",
         "edit_view": f"{s}x{s}",
+        "kind": args.kind,
         "threads": args.threads,
         "parameters": model.num_parameters(),
         "occupied_voxels": int(lat.vox.num_voxels),

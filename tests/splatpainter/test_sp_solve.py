@@ -8,6 +8,7 @@ from splatpainter.edit.methods import apply_color_delta, build_edit_sample
 from splatpainter.edit.signals import gather_signals
 from splatpainter.model import EditorConfig, EditorModel, Stage1Config, Stage2Config
 from splatpainter.model.stage1 import Stage1Latent, voxelize
+from splatpainter.model.stage2 import SignalSettings
 from splatpainter.render import render
 from splatpainter.train.data import SequenceSpec, apply_color_transform, base_colors, view_camera
 from splatpainter.train.data import with_base_colors as with_colors
@@ -89,7 +90,7 @@ def test_stage2_offers_the_solved_change_as_its_first_hypothesis():
     asset, view = _recolour_edit(n=1500, size=32)
     model = EditorModel.initial(small_config(solve_iters=3))
     latent = Stage1Latent(voxelize(asset.means, 8), torch.zeros(0), torch.zeros(0))
-    sample = build_edit_sample(asset, [view], latent, solve_iters=3)
+    sample = build_edit_sample(asset, [view], latent, settings=SignalSettings(solve_iters=3))
     cand = model.stage2._gaussian_inputs(sample)[0]
     assert torch.equal(cand[:, 0], sample.signals.solved)
     plain = build_edit_sample(asset, [view], latent)
@@ -98,10 +99,30 @@ def test_stage2_offers_the_solved_change_as_its_first_hypothesis():
 
 def test_training_examples_carry_the_solve_and_key_the_cache_on_it():
     s1 = Stage1Config(grid_size=8, num_views=2, view_size=32)
-    ex = build_example(100_000, SMALL, s1, 32, solve_iters=2)
+    ex = build_example(100_000, SMALL, s1, 32, SignalSettings(solve_iters=2))
     assert all(step["signals"]["solved"] is not None for step in ex["steps"])
-    assert cache_key(SMALL, s1, 32, (2, 0.0)) != cache_key(SMALL, s1, 32, (0, 0.0))
-    assert cache_key(SMALL, s1, 32, (2, 0.01)) != cache_key(SMALL, s1, 32, (2, 0.0))
+    keys = {
+        cache_key(SMALL, s1, 32, SignalSettings(*s))
+        for s in [(0, 0.0), (2, 0.0), (2, 0.01), (2, 0.01, True)]
+    }
+    assert len(keys) == 4
+
+
+def test_cached_colour_maps_reach_a_step_only_where_its_hint_would_fit_them():
+    from splatpainter.train.examples import example_sample
+
+    s1 = Stage1Config(grid_size=8, num_views=2, view_size=32)
+    ex = build_example(100_000, SMALL, s1, 32, SignalSettings(2, 0.0, True))
+    step = ex["steps"][0]
+    assert step["signals"]["affine"].shape == (4, 3) and len(step["signals"]["shading"]) == 3
+    for hint, has_affine, has_shading in [
+        ("auto", True, True),
+        ("recolor", True, False),
+        ("relight", False, True),
+        ("paint", False, False),
+    ]:
+        sig = example_sample(step, None, hint).signals
+        assert (sig.affine is not None, sig.shading is not None) == (has_affine, has_shading)
 
 
 def test_local_kinds_move_only_gaussians_a_masked_pixel_shows():
@@ -116,3 +137,73 @@ def test_local_kinds_move_only_gaussians_a_masked_pixel_shows():
         out = EditSession(asset, ModelMethod(model, kind=kind)).apply(view)
         moved = (out.sh != asset.sh).flatten(1).any(1)
         assert bool(moved.any()) and not bool((moved & ~shown).any()), kind
+
+
+def _relit_edit(light, ambient: float, diffuse: float, flip: float = 0.0, size: int = 64):
+    """A relit demo asset seen from one view; `flip` of the normals given to the fit point the
+    wrong way (as estimated normals of faintly seen Gaussians do)."""
+    demo = make_demo_asset(2500, seed=3)
+    asset, normals = demo.asset, demo.normals.float()
+    colors = base_colors(asset)
+    light = torch.nn.functional.normalize(torch.tensor(light, dtype=torch.float32), dim=0)
+    shade = ambient + diffuse * (normals @ light).clamp_min(0)
+    cam = view_camera(asset, 30.0, 30.0, size)
+    edited = render(with_colors(asset, (colors * shade[:, None]).clamp(0, 1)), cam).rgb.clamp(0, 1)
+    given = normals.clone()
+    wrong = torch.rand(len(given), generator=torch.Generator().manual_seed(0)) < flip
+    given[wrong] = -given[wrong]
+    return asset, EditView(cam, edited), given, light
+
+
+def test_shading_fitted_to_pixels_recovers_the_light_exactly():
+    asset, view, normals, light = _relit_edit([0.3, -0.5, 0.8], 0.35, 0.7)
+    sig, _ = gather_signals(asset, [view], solve_iters=6, normals=normals, fit_maps=("shading",))
+    a, d, fitted = sig.shading
+    assert abs(float(a) - 0.35) < 5e-3 and abs(float(d) - 0.7) < 5e-3
+    assert float(fitted @ light) > 0.999
+    assert sig.affine is None  # not asked for
+
+
+def test_shading_fit_shrugs_off_a_few_wrong_normals():
+    asset, view, normals, light = _relit_edit([0.3, -0.5, 0.8], 0.35, 0.7, flip=0.05)
+    sig, _ = gather_signals(asset, [view], solve_iters=6, normals=normals, fit_maps=("shading",))
+    a, d, fitted = sig.shading
+    assert abs(float(a) - 0.35) < 0.03 and abs(float(d) - 0.7) < 0.1
+    assert float(fitted @ light) > 0.98
+
+
+def test_affine_recolour_fitted_to_pixels_matches_a_global_colour_transform():
+    demo = make_demo_asset(2500, seed=3)
+    asset = demo.asset
+    colors = base_colors(asset)
+    m = torch.tensor([[0.7, 0.2, 0.0], [0.1, 0.6, 0.2], [0.0, 0.1, 0.8], [0.05, 0.0, 0.1]])
+    new = torch.cat([colors, torch.ones_like(colors[:, :1])], -1) @ m
+    cam = view_camera(asset, 30.0, 30.0, 64)
+    view = EditView(cam, render(with_colors(asset, new), cam).rgb.clamp(0, 1))
+    sig, _ = gather_signals(asset, [view], solve_iters=6, fit_maps=("affine",))
+    assert torch.allclose(sig.affine, m, atol=0.02), sig.affine
+    assert sig.shading is None
+
+
+def test_hints_fit_only_the_maps_they_can_use():
+    from splatpainter.model.stage2 import hint_maps
+
+    assert hint_maps("auto") == ("affine", "shading")
+    assert hint_maps("recolor") == ("affine",)
+    assert hint_maps("relight") == ("shading",)
+    assert hint_maps("paint") == hint_maps("detail") == ()
+
+
+def test_colour_maps_are_left_to_the_per_gaussian_fit_when_every_masked_pixel_is_clipped():
+    """A pure magenta stroke sits at the top of the colour box: no pixel says how bright the
+    edit really is, so nothing is fitted to pixels (and nothing fails)."""
+    demo = make_demo_asset(1500, seed=3)
+    cam = view_camera(demo.asset, 30.0, 30.0, 32)
+    img = render(demo.asset, cam).rgb.clamp(0, 1).clone()
+    img[10:20, 10:20] = torch.tensor([1.0, 0.0, 1.0])
+    mask = torch.zeros(32, 32)
+    mask[10:20, 10:20] = 1.0
+    view = EditView(cam, img, mask)
+    sig, _ = gather_signals(demo.asset, [view], solve_iters=2, normals=demo.normals.float(),
+                            fit_maps=("affine", "shading"))  # fmt: skip
+    assert sig.solved is not None and sig.affine is None and sig.shading is None

@@ -186,3 +186,20 @@ def test_init_from_starts_at_given_weights_and_refuses_another_architecture(tmp_
     bad = _tiny(tmp_path, steps=1, init_from=str(other))
     with pytest.raises(ValueError, match="another architecture"):
         train(bad, tmp_path / "c")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "splatpainter").glob("*.toml")))
+def test_every_kept_config_loads(path):
+    load_config(path)
+
+
+def test_shipped_weights_are_the_last_stage_of_the_kept_configs():
+    """The weights in the package were trained by editor_maps.toml (the chain's last stage):
+    same architecture and the same signal settings (solve, pixel-fitted colour maps)."""
+    from splatpainter.model.editor import DEFAULT_WEIGHTS, load_weights
+
+    cfg = load_config(ROOT / "configs" / "splatpainter" / "editor_maps.toml")
+    shipped = load_weights(DEFAULT_WEIGHTS)
+    assert shipped.trained
+    assert shipped.config == cfg.model
+    assert shipped.config.stage2.signal_settings().fit_maps

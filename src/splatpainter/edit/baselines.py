@@ -118,7 +118,11 @@ class OptimizeMethod(EditMethod):
     """Per-edit optimisation: Adam on appearance through the differentiable renderer.
 
     Loss per view = mean over pixels of  m (render - edited)^2 + preserve_weight (1 - m)
-    (render - current render)^2: pull the mask toward the edit, hold the rest where it was.
+    (render - current render)^2: pull the mask toward the edit, hold the rest where it was; plus
+    prior_px |change of base colour|^2 per Gaussian (in pixels of weight, as the editor's solve):
+    Adam scales every step to the same size, so without it a Gaussian seen through the surface
+    with 0.01 px of weight would take the paint colour as fast as a visible one, and show it from
+    the back.
     bands="dc" (default) frees only the SH DC term, the view-independent colour, so a recolour
     transfers to other views instead of being fitted into view-dependent bands; "all" frees the
     higher bands too.  Stops after `steps` or `time_budget` seconds, whichever comes first (at
@@ -140,6 +144,7 @@ class OptimizeMethod(EditMethod):
         bands: str = "dc",
         fit_geometry: bool = False,
         preserve_weight: float = 20.0,
+        prior_px: float = 0.01,
         background=(0.0, 0.0, 0.0),
     ) -> None:
         super().__init__(background=background)
@@ -153,12 +158,15 @@ class OptimizeMethod(EditMethod):
             raise ValueError(f"bands must be one of {BANDS}, got {bands!r}")
         if not preserve_weight >= 0:
             raise ValueError(f"preserve_weight must be >= 0, got {preserve_weight}")
+        if not prior_px >= 0:
+            raise ValueError(f"prior_px must be >= 0, got {prior_px}")
         self.steps = int(steps)
         self.lr = float(lr)
         self.time_budget = None if time_budget is None else float(time_budget)
         self.bands = bands
         self.fit_geometry = bool(fit_geometry)
         self.preserve_weight = float(preserve_weight)
+        self.prior_px = float(prior_px)
         self.last_run: dict[str, Any] = {}
 
     def describe(self) -> dict[str, Any]:
@@ -170,6 +178,7 @@ class OptimizeMethod(EditMethod):
             "bands": self.bands,
             "fit_geometry": self.fit_geometry,
             "preserve_weight": self.preserve_weight,
+            "prior_px": self.prior_px,
         }
 
     def apply(self, asset, views: list[EditView], state: Any):
@@ -203,6 +212,7 @@ class OptimizeMethod(EditMethod):
             out["sh"] = torch.cat([params["sh_dc"], rest], dim=1)
             return out
 
+        pixels = sum(m.numel() for _, _, m, _ in targets) / len(targets)
         touched = torch.zeros(base.num_gaussians, dtype=torch.bool, device=base.device)
         opt = torch.optim.Adam(free.values(), lr=self.lr)
         stopped_by, done = "steps", 0
@@ -211,7 +221,8 @@ class OptimizeMethod(EditMethod):
                 stopped_by = "time"
                 break
             cur = base.replace(**current(free))
-            loss = base.means.new_zeros(())
+            change = SH_C0 * (free["sh_dc"] - base.sh[:, :1])
+            loss = self.prior_px * (change**2).sum() / pixels
             for cam, edited, mask, ref in targets:
                 rgb = render(cur, cam, background=self.background).rgb
                 m = mask[..., None]

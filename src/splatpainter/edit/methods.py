@@ -19,7 +19,7 @@ from splatpainter.assets.gaussians import SH_C0, sh_dc_to_rgb
 from splatpainter.edit.signals import gather_signals
 from splatpainter.edit.views import EditView
 from splatpainter.model.stage1 import Stage1Latent
-from splatpainter.model.stage2 import EDIT_HINTS, EditSample
+from splatpainter.model.stage2 import EDIT_HINTS, EditSample, SignalSettings, hint_maps
 from splatpainter.model.ttt import FastWeights
 
 
@@ -79,16 +79,23 @@ def build_edit_sample(
     *,
     hint: str = "auto",
     background=(0.0, 0.0, 0.0),
-    solve_iters: int = 0,
-    solve_prior_px: float = 0.0,
+    settings: SignalSettings = SignalSettings(),
+    fit_maps: tuple[str, ...] | None = None,
 ) -> EditSample:
-    """Render the edit views against the asset and assemble Stage II's input (no gradients)."""
+    """Render the edit views against the asset and assemble Stage II's input (no gradients).
+
+    fit_maps: the colour maps to fit to the views' pixels when settings.fit_maps (default:
+    those the hint can use, as in training); the others are fitted to the solved change."""
+    if fit_maps is None:
+        fit_maps = hint_maps(hint) if settings.fit_maps else ()
     signals, evidence = gather_signals(
         asset,
         views,
         background=background,
-        solve_iters=solve_iters,
-        solve_prior_px=solve_prior_px,
+        solve_iters=settings.solve_iters,
+        solve_prior_px=settings.solve_prior_px,
+        normals=latent.normals,
+        fit_maps=fit_maps,
     )
     vox = latent.vox
     pix = []
@@ -178,8 +185,7 @@ class ModelMethod(EditMethod):
             latent,
             hint=self.kind,
             background=self.background,
-            solve_iters=self.model.stage2.config.solve_iters,
-            solve_prior_px=self.model.stage2.config.solve_prior_px,
+            settings=self.model.stage2.config.signal_settings(),
         )
         if float(sample.signals.evidence(self.model.stage2.config.evidence_tau)) == 0.0:
             # Nothing seen or nothing changed: every delta would be exactly zero; the fast

@@ -46,11 +46,14 @@ def gather_signals(
     background=(0.0, 0.0, 0.0),
     solve_iters: int = 0,
     solve_prior_px: float = 0.0,
+    normals: torch.Tensor | None = None,
+    fit_maps: tuple[str, ...] = (),
 ) -> tuple[GaussianSignals, list[ViewEvidence]]:
     """Render every view once and accumulate per-Gaussian signals (no gradient leaves here).
 
     solve_iters > 0 also solves for the least-squares colour change of the touched Gaussians
-    (`GaussianSignals.solved`, see edit/solve.py).
+    (`GaussianSignals.solved`, see edit/solve.py) and fits the `fit_maps` ("affine", "shading":
+    the latter needs the Gaussians' normals) to the views' pixels.
     """
     from splatpainter.render import render
 
@@ -83,10 +86,10 @@ def gather_signals(
         wr += g2
         evidence.append(ViewEvidence(view, ref, mask))
     has = wm > 0
-    solved = None
+    solved = affine = shading = None
     if solve_iters > 0:
         from splatpainter.assets.gaussians import sh_dc_to_rgb
-        from splatpainter.edit.solve import solve_color_delta
+        from splatpainter.edit.solve import fit_color_maps, solve_color_delta
 
         base = sh_dc_to_rgb(a.sh[:, 0, :]).clamp_max(1.0)
         solved = solve_color_delta(
@@ -99,6 +102,30 @@ def gather_signals(
             iters=solve_iters,
             prior_px=solve_prior_px,
         )
+        if normals is None:
+            fit_maps = tuple(m for m in fit_maps if m != "shading")
+        if fit_maps and bool(has.any()):
+            from splatpainter.model.hypotheses import fit_shading
+
+            colors = sh_dc_to_rgb(a.sh[:, 0, :], clamp=False)
+            init = None
+            if normals is not None:
+                normals = normals.to(colors)
+                support = torch.where(wt > 0, wm / wt.clamp_min(1e-12), zeros)
+                _, dif, light = fit_shading(colors, colors + solved, normals, wm * support)
+                init = dif * light
+            affine, shading = fit_color_maps(
+                a,
+                [ev.view.camera for ev in evidence],
+                [ev.view.image for ev in evidence],
+                [ev.render for ev in evidence],
+                [ev.mask for ev in evidence],
+                colors,
+                normals if normals is not None else torch.zeros_like(colors),
+                contributing,
+                shading_init=init,
+                maps=fit_maps,
+            )
     safe = torch.where(has, wm, torch.ones_like(wm))
     signals = GaussianSignals(
         residual=torch.where(has[:, None], wr / safe[:, None], torch.zeros_like(wr)),
@@ -107,5 +134,7 @@ def gather_signals(
         in_mask_weight=wm,
         weight=wt,
         solved=solved,
+        affine=affine,
+        shading=shading,
     )
     return signals, evidence

@@ -109,3 +109,150 @@ def solve_color_delta(
             y = x_new + ((t - 1.0) / t_new) * (x_new - x)
             x, t = x_new, t_new
         return torch.where(ok, x, 0.0)
+
+
+# An 8-bit edit clips at the top of the colour box: pixels there say only "at least this bright".
+CLIP_LEVEL = 254.5 / 255.0
+# A pixel takes part in the recolour fit if its change exceeds this (the eval's "changed" test).
+CHANGED_LEVEL = 2.0 / 255.0
+SHADING_ITERS = 3  # refits of the lit set (each: one 9-channel render per view)
+ROBUST_ITERS = 4  # reweighting rounds per lit set (no renders)
+ROBUST_SCALE = 4.0 / 255.0  # a pixel this far off counts half
+
+
+def _normal_solve(xtx: torch.Tensor, xty: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+    """argmin |X b - y|^2 + eps |b - prior|^2 from X^T X, X^T y (eps keeps it well posed)."""
+    eps = 1e-6 * (float(xtx.diagonal().sum()) + 1e-12)
+    eye = torch.eye(xtx.shape[0], dtype=xtx.dtype, device=xtx.device)
+    return torch.linalg.solve(xtx + eps * eye, xty + eps * prior)
+
+
+def fit_color_maps(
+    asset,
+    cameras: list,
+    edited: list[torch.Tensor],
+    renders: list[torch.Tensor],
+    masks: list[torch.Tensor],
+    colors: torch.Tensor,
+    normals: torch.Tensor,
+    contributing: list[torch.Tensor] | None = None,
+    shading_init: torch.Tensor | None = None,
+    maps: tuple[str, ...] = ("affine", "shading"),
+) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+    """The affine recolour [4, 3] and the shading (ambient, diffuse, light dir) that best
+    reproduce the edit views' pixels, fitted in image space.
+
+    Both maps act on base colours, and a render is linear in them (rgb = A c + T bg), so their
+    pixel changes are linear in the maps' parameters: an affine map M, b changes channel k by
+    sum_j M_jk A c_j + b_k A 1 - A c_k, and a shading c -> c (a + max(0, n.v)) with a fixed lit
+    set L = {n.v > 0} by (a - 1) A c + sum_x v_x A (c n_x [L]).  Fitting pixels instead of the
+    solved per-Gaussian colours avoids their noise (overlapping Gaussians share a pixel's
+    change arbitrarily); the lit set is refitted until it settles.  Masked pixels take part,
+    except clipped ones; the recolour uses only pixels that changed.  shading_init [3]: a
+    first guess of v (e.g. fitted to the solved per-Gaussian colours) for the first lit set.
+    maps: which of the two to fit (the other comes back as None; both do when no masked pixel
+    is usable).
+    """
+    a = asset.detach()
+    dt = torch.float64
+    views = []
+    for v, cam in enumerate(cameras):
+        idx = (
+            torch.arange(a.num_gaussians)
+            if contributing is None
+            else contributing[v].nonzero().squeeze(1)
+        )
+        cam = cam.to(a.device)
+        ed, ren, m = edited[v].to(dt), renders[v].to(dt), masks[v].to(dt)
+        w = m * (ed.amax(-1) < CLIP_LEVEL).to(dt)
+        pix = (w > 0).nonzero()
+        if pix.numel() == 0:
+            continue
+        (y0, x0), (y1, x1) = pix.min(0).values.tolist(), pix.max(0).values.tolist()
+        window = cam.cropped(x0, y0, x1 - x0 + 1, y1 - y0 + 1)
+        crop = (slice(y0, y1 + 1), slice(x0, x1 + 1))
+        views.append((a.subset(idx), window, idx, (ed - ren)[crop], w[crop]))
+
+    def render_of(asset_v, cam, idx, per_gauss: torch.Tensor) -> torch.Tensor:
+        return _render_linear(asset_v, cam, per_gauss[idx].to(a.means.dtype)).to(dt)
+
+    c = colors.to(dt)
+    affine = shading = None
+    if not views:  # no usable pixel (all masked ones clipped): nothing to fit
+        return affine, shading
+    with torch.no_grad():
+        # one multi-channel render per view gives A c and A 1 (the renderer's colours may have
+        # any number of channels, and the compositing is shared by all of them)
+        both = [
+            render_of(av, cam, idx, torch.cat([c, torch.ones_like(c[:, :1])], -1))
+            for av, cam, idx, _, _ in views
+        ]
+        base = [b[..., :3] for b in both]
+        if "affine" in maps:
+            affine = _fit_affine(views, both).to(colors.dtype)
+        if "shading" in maps:
+            av_ = _fit_shading(views, base, render_of, c, normals.to(dt), shading_init)
+            d = av_[1:].norm()
+            light = av_[1:] / d.clamp_min(1e-12)
+            shading = tuple(x.to(colors.dtype) for x in (av_[0], d, light))
+    return affine, shading  # type: ignore[return-value]
+
+
+def _fit_affine(views, both: list[torch.Tensor]) -> torch.Tensor:
+    """Per output channel k: features (A c_r, A c_g, A c_b, A 1) against t_k + A c_k, on the
+    pixels that changed.  both[v]: [h, w, 4] renders of (c, 1)."""
+    dt = both[0].dtype
+    xtx = torch.zeros(3, 4, 4, dtype=dt)
+    xty = torch.zeros(3, 4, 1, dtype=dt)
+    for (_, _, _, t, w), feats4 in zip(views, both, strict=True):
+        rc = feats4[..., :3]
+        feats = feats4.reshape(-1, 4)
+        wk = (w * (t.abs().amax(-1) > CHANGED_LEVEL).to(dt)).reshape(-1, 1)
+        y = (t + rc).reshape(-1, 3)
+        xtx += (feats * wk).T @ feats
+        xty += ((feats * wk).T @ y).T[:, :, None]
+    prior = torch.cat([torch.eye(3, dtype=dt), torch.zeros(1, 3, dtype=dt)])
+    return torch.stack(
+        [_normal_solve(xtx[k], xty[k], prior[:, k : k + 1])[:, 0] for k in range(3)], 1
+    )
+
+
+def _fit_shading(
+    views, base, render_of, c: torch.Tensor, nrm: torch.Tensor, init: torch.Tensor | None
+) -> torch.Tensor:
+    """(a, v) [4] by least squares on a fixed lit set, refitted until the set settles.  Pixels
+    the shading cannot explain (a Gaussian whose estimated normal points the wrong way) are
+    down-weighted (Cauchy IRLS), so a few percent of them cannot bend the light."""
+    dt = c.dtype
+    prior = torch.tensor([[1.0], [0.0], [0.0], [0.0]], dtype=dt)
+    av = prior[:, 0].clone()
+    # start: every Gaussian lit, or the lit set of a first guess (saves a round of renders)
+    lit = (nrm @ init.to(dt)) > 0 if init is not None else nrm.new_ones(len(nrm), dtype=torch.bool)
+    for _ in range(SHADING_ITERS):
+        rows = []
+        for (asset_v, cam, idx, t, w), rc in zip(views, base, strict=True):
+            lit_c = c * lit[:, None].to(dt)
+            rs = render_of(
+                asset_v, cam, idx, torch.cat([lit_c * nrm[:, x : x + 1] for x in range(3)], -1)
+            )
+            feats = torch.stack([rc, *rs.split(3, -1)], -1).reshape(-1, 4)
+            wk = w[..., None].expand_as(rc).reshape(-1, 1)
+            rows.append((feats, wk, (t + rc).reshape(-1, 1)))
+        robust = [torch.ones_like(wk) for _, wk, _ in rows]
+        for _ in range(ROBUST_ITERS):
+            xtx = torch.zeros(4, 4, dtype=dt)
+            xty = torch.zeros(4, 1, dtype=dt)
+            for (feats, wk, y), rw in zip(rows, robust, strict=True):
+                fw = feats * (wk * rw)
+                xtx += fw.T @ feats
+                xty += fw.T @ y
+            av = _normal_solve(xtx, xty, prior)[:, 0]
+            robust = [
+                1.0 / (1.0 + ((feats @ av[:, None] - y) / ROBUST_SCALE) ** 2)
+                for feats, _, y in rows
+            ]
+        new_lit = (nrm @ av[1:]) > 0
+        if bool((new_lit == lit).all()):
+            break
+        lit = new_lit
+    return av

@@ -7,7 +7,10 @@ compositing weight), two small models of *what the edit does to a colour*:
 - an affine colour map  c -> A [c; 1]  (ridge-regularised toward the identity): recolours;
 - a Lambertian shading  c -> c (a + d max(0, n.l))  over the Gaussians' normals: relights;
 
-and evaluate them on every Gaussian.  Together with the seen Gaussians' own change (what the
+and evaluate them on every Gaussian.  With `Stage2Config.fit_maps` the two maps are fitted to
+the edit views' pixels instead (edit/solve.py `fit_color_maps`: the per-Gaussian change is noisy
+where Gaussians overlap, the pixels are not).  New colours stay in the colour box, as the
+8-bit edit's do.  Together with the seen Gaussians' own change (what the
 views say about them: the least-squares solve or the back-projected residual) these are the
 candidate deltas between which Stage II's
 learned per-Gaussian weights choose.  The fit quality and a colour-bin statistic ("what share of
@@ -67,26 +70,37 @@ def fit_affine(colors: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, lam
 
 
 def fit_shading(
-    colors: torch.Tensor, targets: torch.Tensor, normals: torch.Tensor, w: torch.Tensor
+    colors: torch.Tensor,
+    targets: torch.Tensor,
+    normals: torch.Tensor,
+    w: torch.Tensor,
+    iters: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ambient, diffuse, light dir) of targets ~ colors * (a + d max(0, n.l)).
 
-    Per-Gaussian brightness ratio r = <t, c> / <c, c>; first a linear fit r ~ a0 + b.n gives the
-    light direction l = b / |b|, then a, d by least squares on the hinge max(0, n.l).
+    Per-Gaussian brightness ratio r = <t, c> / <c, c> (targets at the top of the colour box
+    are left out: they may be clipped). With v = d l the model is r = a + max(0, n.v): a linear
+    fit r ~ a + n.v over all Gaussians starts it, then each step refits a + n.v on the
+    Gaussians the current light reaches (the rest only set a) until that set stops changing.
     """
     cc = (colors * colors).sum(-1)
-    ok = cc > 1e-3
+    ok = (cc > 1e-3) & (targets.amax(-1) < 1.0 - 1e-3)
     r = torch.where(ok, (targets * colors).sum(-1) / cc.clamp_min(1e-3), torch.ones_like(cc))
     wr = w * cc * ok.to(w.dtype)
-    x = torch.cat([torch.ones_like(r[:, None]), normals], -1)
+    ones = torch.ones_like(r[:, None])
     prior = torch.tensor([[1.0], [0.0], [0.0], [0.0]], dtype=r.dtype, device=r.device)
-    b = _ridge(x, r[:, None], wr, prior, 1e-3)[1:, 0]
-    light = b / b.norm().clamp_min(1e-8)
-    hinge = (normals @ light).clamp_min(0)
-    x2 = torch.stack([torch.ones_like(hinge), hinge], -1)
-    prior2 = torch.tensor([[1.0], [0.0]], dtype=r.dtype, device=r.device)
-    ad = _ridge(x2, r[:, None], wr, prior2, 1e-3)[:, 0]
-    return ad[0], ad[1], light
+    av = _ridge(torch.cat([ones, normals], -1), r[:, None], wr, prior, 1e-3)[:, 0]
+    lit = None
+    for _ in range(iters):
+        new_lit = (normals @ av[1:]) > 0
+        if lit is not None and bool((new_lit == lit).all()):
+            break
+        lit = new_lit
+        x = torch.cat([ones, normals * lit[:, None].to(normals.dtype)], -1)
+        av = _ridge(x, r[:, None], wr, prior, 1e-5)[:, 0]
+    d = av[1:].norm()
+    light = av[1:] / d.clamp_min(1e-8)
+    return av[0], d, light
 
 
 def color_bin_stats(
@@ -113,18 +127,27 @@ def edit_hypotheses(
     weight: torch.Tensor,
     normals: torch.Tensor,
     change_tau: float = 0.05,
+    *,
+    affine: torch.Tensor | None = None,
+    shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Candidate colour deltas [N, NUM_HYPOTHESES, 3], edit statistics [EDIT_STATS_DIM] and
     colour-bin statistics [N, BIN_STATS_DIM] for one edit (all zeros-safe when nothing is seen).
 
-    seen_delta [N, 3]: what the views say each seen Gaussian's change is (zero elsewhere)."""
+    seen_delta [N, 3]: what the views say each seen Gaussian's change is (zero elsewhere).
+    affine / shading: maps already fitted to the views' pixels (edit/solve.py), used instead of
+    fitting them to seen_delta here."""
     w = in_mask_weight * support
     targets = colors + seen_delta
-    aff = fit_affine(colors, targets, w)
-    cand_aff = torch.cat([colors, torch.ones_like(colors[:, :1])], -1) @ aff - colors
-    a, d, light = fit_shading(colors, targets, normals, w)
+    aff = fit_affine(colors, targets, w) if affine is None else affine.to(colors)
+    # new colours stay in the colour box (as an 8-bit edit does); colours already outside it
+    # (fitted real assets) keep their own range, so a zero change stays exactly zero
+    lo, hi = colors.clamp_max(0.0), colors.clamp_min(1.0)
+    new_aff = torch.cat([colors, torch.ones_like(colors[:, :1])], -1) @ aff
+    cand_aff = torch.minimum(torch.maximum(new_aff, lo), hi) - colors
+    a, d, light = fit_shading(colors, targets, normals, w) if shading is None else shading
     shade = a + d * (normals @ light).clamp_min(0)
-    cand_shade = colors * shade[:, None] - colors
+    cand_shade = torch.minimum(torch.maximum(colors * shade[:, None], lo), hi) - colors
     cand = torch.stack([seen_delta, cand_aff.clamp(-1, 1), cand_shade.clamp(-1, 1)], 1)
     wsum = w.sum().clamp_min(1e-6)
 

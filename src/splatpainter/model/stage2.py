@@ -14,10 +14,10 @@ closed-form edit hypotheses, the edit-kind hint) and predict a colour delta
 where the hypotheses (`splatpainter.model.hypotheses`) are the seen Gaussians' own change (the
 least-squares colour change that reproduces the edit views, `edit/solve.py`, when
 `solve_iters` > 0; else the back-projected residual), and an affine recolour and a Lambertian
-relight fitted to it.  w_g is a *learned* per-Gaussian
-edit weight: it is free to change Gaussians no edit view sees (the far side of a recoloured part,
-the unseen side of a relit object) and to leave them (the back of a painted object).  Only SH DC
-changes; geometry, opacity and higher SH bands are never touched.
+relight fitted to it (or, with `fit_maps`, to the edit views' pixels).  w_g is a *learned*
+per-Gaussian edit weight: it is free to change Gaussians no edit view sees (the far side of a
+recoloured part, the unseen side of a relit object) and to leave them (the back of a painted
+object).  Only SH DC changes; geometry, opacity and higher SH bands are never touched.
 
 Identity preservation where nothing is asked is structural: E = clamp(sum_g in-mask weight_g *
 |residual|_g / evidence_tau, 0, 1) is exactly zero when no edit pixel lands on the asset or the
@@ -61,6 +61,13 @@ HINT_HYPOTHESES = {
 }
 
 
+def hint_maps(hint: str) -> tuple[str, ...]:
+    """The colour maps ("affine", "shading") worth fitting to the edit views' pixels for a hint:
+    those of the hypotheses it allows."""
+    allowed = HINT_HYPOTHESES[hint][1:].tolist()
+    return tuple(m for m, ok in zip(("affine", "shading"), allowed, strict=True) if ok)
+
+
 @dataclass
 class Stage2Config:
     """Sizes and options of the Stage II editor."""
@@ -85,6 +92,9 @@ class Stage2Config:
     # mean residual of back-projection, as the weights trained before the solve existed expect.
     solve_iters: int = 0
     solve_prior_px: float = 0.0  # the solve's pull toward no change, in pixels of weight
+    # Fit the recolour and shading hypotheses to the edit views' pixels (with the solve; see
+    # edit/solve.py `fit_color_maps`) instead of to the solved per-Gaussian change.
+    fit_maps: bool = False
 
     def __post_init__(self) -> None:
         if self.dim % self.num_heads or self.dim % self.ttt_heads:
@@ -96,6 +106,9 @@ class Stage2Config:
         if not self.evidence_tau > 0:
             raise ValueError("evidence_tau must be positive")
 
+    def signal_settings(self) -> SignalSettings:
+        return SignalSettings(self.solve_iters, self.solve_prior_px, self.fit_maps)
+
     def ttt_config(self) -> TTTConfig:
         return TTTConfig(
             dim=self.dim,
@@ -104,6 +117,16 @@ class Stage2Config:
             ns_steps=self.ns_steps,
             damping=self.damping,
         )
+
+
+@dataclass(frozen=True)
+class SignalSettings:
+    """How the edit signals are computed from the edit views (edit/signals.py); the weights
+    expect the settings they were trained with (Stage2Config carries them)."""
+
+    solve_iters: int = 0
+    solve_prior_px: float = 0.0
+    fit_maps: bool = False
 
 
 @dataclass
@@ -116,6 +139,10 @@ class GaussianSignals:
     in_mask_weight: torch.Tensor  # [N] absolute in-mask compositing weight (pixels)
     weight: torch.Tensor | None = None  # [N] total compositing weight (pixels) over the views
     solved: torch.Tensor | None = None  # [N, 3] least-squares colour change (edit/solve.py)
+    # the recolour [4, 3] and shading (ambient, diffuse, light) fitted to the views' pixels
+    # (edit/solve.py `fit_color_maps`); None: fitted to the per-Gaussian change instead
+    affine: torch.Tensor | None = None
+    shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def total_weight(self) -> torch.Tensor:
         if self.weight is not None:
@@ -235,6 +262,8 @@ class Stage2Editor(nn.Module):
             sig.support,
             sig.total_weight(),
             normals,
+            affine=sig.affine,
+            shading=sig.shading,
         )
         per_gauss = torch.cat([sig.as_features(), cand.flatten(1), bins], -1)
         return cand, stats, per_gauss, normals

@@ -23,7 +23,7 @@ import torch
 from splatpainter.assets.gaussians import GaussianAsset
 from splatpainter.camera import Camera
 from splatpainter.model.stage1 import PreprocessViews, Stage1Config, render_preprocess_views
-from splatpainter.model.stage2 import EditSample, GaussianSignals
+from splatpainter.model.stage2 import EditSample, GaussianSignals, SignalSettings, hint_maps
 from splatpainter.train.data import (
     HINT_OF_KIND,
     SequenceSpec,
@@ -32,6 +32,7 @@ from splatpainter.train.data import (
 )
 
 EXAMPLE_VERSION = 2  # 2: signals carry the least-squares solve
+ALL_MAPS = ("affine", "shading")  # cached with fit_maps; a step's hint picks what it may use
 
 
 def _render_rgb(asset: GaussianAsset, cams: list[Camera]) -> torch.Tensor:
@@ -46,25 +47,30 @@ def build_example(
     spec: SequenceSpec,
     stage1: Stage1Config,
     loss_view_size: int,
-    solve_iters: int = 0,
-    solve_prior_px: float = 0.0,
+    settings: SignalSettings = SignalSettings(),
 ) -> dict[str, Any]:
     """Everything a training step needs for one sequence, as plain tensors and dicts."""
     from splatpainter.edit.methods import build_edit_sample
-    from splatpainter.model.stage1 import Stage1Latent, voxelize
+    from splatpainter.model.stage1 import Stage1Latent, asset_normals, voxelize
 
     seq = make_sequence(seed, spec)
     pre = render_preprocess_views(seq.source, stage1)
     # Signals and view tokens depend on the voxel frame only through the Plücker normalisation.
     vox = voxelize(seq.source.means, stage1.grid_size)
-    frame = Stage1Latent(vox, torch.zeros(0), torch.zeros(0))
+    # The shading fit needs the normals Stage I will estimate (from the same preprocess views).
+    normals = asset_normals(seq.source, pre) if settings.fit_maps else None
+    frame = Stage1Latent(vox, torch.zeros(0), torch.zeros(0), normals)
     loss_cams = [c.resized(loss_view_size, loss_view_size) for c in seq.heldout]
     before = seq.source
     before_loss = _render_rgb(before, loss_cams)
     steps = []
     for step in seq.steps:
         sample = build_edit_sample(
-            before, step.views, frame, solve_iters=solve_iters, solve_prior_px=solve_prior_px
+            before,
+            step.views,
+            frame,
+            settings=settings,
+            fit_maps=ALL_MAPS if settings.fit_maps else (),
         )
         gt = with_base_colors(seq.source, step.colors)
         edit_cam = step.views[0].camera.resized(loss_view_size, loss_view_size)
@@ -87,6 +93,8 @@ def build_example(
                         "in_mask_weight",
                         "weight",
                         "solved",
+                        "affine",
+                        "shading",
                     )
                 },
                 "loss_cameras": [c.to_dict() for c in [*loss_cams, edit_cam]],
@@ -125,7 +133,12 @@ def example_preprocess(ex: dict[str, Any]) -> PreprocessViews:
 
 
 def example_sample(step: dict[str, Any], latent, hint: str) -> EditSample:
-    s = step["signals"]
+    """The editor's input for one cached step under `hint`; colour maps the hint would not have
+    fitted at inference are dropped (fitted to the solved change instead), as there."""
+    s = dict(step["signals"])
+    for name in ALL_MAPS:
+        if name not in hint_maps(hint):
+            s[name] = None
     return EditSample(
         latent=latent,
         views=[v.float() for v in step["views"]],
@@ -140,13 +153,14 @@ def cache_key(
     spec: SequenceSpec,
     stage1: Stage1Config,
     loss_view_size: int,
-    solve: tuple[int, float] = (0, 0.0),
+    settings: SignalSettings = SignalSettings(),
 ) -> str:
     """Examples depend on the data spec, the preprocessing settings, the loss view size and
-    the least-squares solve's settings (steps, prior) behind the signals."""
+    the settings behind the signals (solve steps and prior, pixel-fitted colour maps)."""
     d = {
-        **({"solve_iters": solve[0]} if solve[0] else {}),
-        **({"solve_prior_px": solve[1]} if solve[1] else {}),
+        **({"solve_iters": settings.solve_iters} if settings.solve_iters else {}),
+        **({"solve_prior_px": settings.solve_prior_px} if settings.solve_prior_px else {}),
+        **({"fit_maps": True} if settings.fit_maps else {}),
         "version": EXAMPLE_VERSION,
         "spec": asdict(spec),
         "grid": stage1.grid_size,
@@ -157,12 +171,12 @@ def cache_key(
 
 
 def _build_one(args: tuple) -> int:
-    seed, spec, stage1, loss_view_size, solve, path = args
+    seed, spec, stage1, loss_view_size, settings, path = args
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(1)
     from appshell.atomic import atomic_write_with
 
-    ex = build_example(seed, spec, stage1, loss_view_size, *solve)
+    ex = build_example(seed, spec, stage1, loss_view_size, settings)
     atomic_write_with(path, lambda f: torch.save(ex, f))
     return seed
 
@@ -174,15 +188,17 @@ def ensure_cache(
     loss_view_size: int,
     cache_dir: str | os.PathLike[str],
     *,
-    solve: tuple[int, float] = (0, 0.0),
+    settings: SignalSettings = SignalSettings(),
     workers: int = 2,
     progress=None,
 ) -> dict[int, Path]:
     """Build missing examples (in `workers` spawned processes) and return seed -> file."""
-    root = Path(cache_dir) / cache_key(spec, stage1, loss_view_size, solve)
+    root = Path(cache_dir) / cache_key(spec, stage1, loss_view_size, settings)
     root.mkdir(parents=True, exist_ok=True)
     paths = {s: root / f"{s}.pt" for s in seeds}
-    todo = [(s, spec, stage1, loss_view_size, solve, p) for s, p in paths.items() if not p.exists()]
+    todo = [
+        (s, spec, stage1, loss_view_size, settings, p) for s, p in paths.items() if not p.exists()
+    ]
     if todo:
         if workers <= 1:
             for a in todo:

@@ -212,7 +212,7 @@ def train(
         cfg.model.stage1,
         cfg.data.loss_view_size,
         cfg.data.cache_dir,
-        solve=(cfg.model.stage2.solve_iters, cfg.model.stage2.solve_prior_px),
+        settings=cfg.model.stage2.signal_settings(),
         workers=cfg.data.workers,
         progress=tick,
     )
