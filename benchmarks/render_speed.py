@@ -41,16 +41,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE_REV = "23ed0fb"  # the renderer before issue 12 (square 3-sigma boxes, near 0.01)
-RENDER_FILES = (
-    "__init__",
-    "api",
-    "fast",
-    "project",
-    "reference",
-    "gsplat_backend",
-    "_kernels",
-    "_kernels_proj",
-)
 
 
 def baseline_dir(rev: str) -> Path:
@@ -62,16 +52,23 @@ def load_baseline(rev: str, dest: Path):
     """Import the renderer package of git revision ``rev`` as ``sp_render_baseline``."""
     pkg = dest / "sp_render_baseline"
     pkg.mkdir(parents=True, exist_ok=True)
-    for name in RENDER_FILES:
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev, "src/splatpainter/render/"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in (Path(n).name for n in names if n.endswith(".py")):
         src = subprocess.run(
-            ["git", "show", f"{rev}:src/splatpainter/render/{name}.py"],
+            ["git", "show", f"{rev}:src/splatpainter/render/{name}"],
             cwd=ROOT,
             capture_output=True,
             text=True,
             check=True,
         ).stdout
         text = src.replace("splatpainter.render", "sp_render_baseline")
-        path = pkg / f"{name}.py"
+        path = pkg / name
         if not path.exists() or path.read_text() != text:  # unchanged files keep numba's cache
             path.write_text(text)
     sys.path.insert(0, str(dest))
@@ -213,7 +210,7 @@ def intersections(mod, params, cam) -> int:
                 means, quats, log_scales, cam.world_to_cam, cam.K(), w, h,
                 opacities=torch.sigmoid(logits),
             )  # fmt: skip
-            _, ids, _ = fast.bin_tiles(proj.means2d, proj.extents, proj.depths, w, h)
+            ids = fast.bin_tiles(proj.means2d, proj.extents, proj.depths, w, h)[1]
         else:
             proj = fast.project_numba(means, quats, log_scales, cam.world_to_cam, cam.K(), w, h)
             _, ids, _ = fast.bin_tiles(proj.means2d, proj.radii, proj.depths, w, h)
@@ -222,10 +219,12 @@ def intersections(mod, params, cam) -> int:
 
 def profile_stages(params, cam, repeats: int) -> dict[str, float]:
     """Median wall milliseconds of each stage of this checkout's numba path."""
+    import numba
     import numpy as np
     import torch
 
     from splatpainter.render import _kernels as kern
+    from splatpainter.render import _kernels_lanes as klanes
     from splatpainter.render import _kernels_proj as kproj
     from splatpainter.render import fast, project
     from splatpainter.render.fast import _intrinsics, _np32, _np64, bin_tiles
@@ -251,19 +250,22 @@ def profile_stages(params, cam, repeats: int) -> dict[str, float]:
     col = kproj.sh_forward(geo[0], sh32, campos, deg, shc, vis)
     t2d = [torch.from_numpy(x) for x in (means2d, depths, ext)]
     st["bin_and_sort"] = ms(lambda: bin_tiles(t2d[0], t2d[2], t2d[1], w, h))
-    off, ids, tx = bin_tiles(t2d[0], t2d[2], t2d[1], w, h)
+    off, ids, hit, tx = bin_tiles(t2d[0], t2d[2], t2d[1], w, h)
     amin = float(project.ALPHA_MIN)
-    st["pack"] = ms(lambda: kern.pack_rows(ids, means2d, conics, col, opac, depths, amin))
-    packed = kern.pack_rows(ids, means2d, conics, col, opac, depths, amin)
+    st["rows"] = ms(lambda: kern.gaussian_rows(hit, means2d, conics, col, opac, depths, amin))
+    grows = kern.gaussian_rows(hit, means2d, conics, col, opac, depths, amin)
     bg, thr, tile = np.zeros(3, np.float32), fast.raster_thresholds(), project.TILE
-    st["raster_fwd"] = ms(lambda: kern.raster_forward(packed, off, w, h, tile, tx, bg, thr))
-    res = kern.raster_forward(packed, off, w, h, tile, tx, bg, thr)
+    nt = numba.get_num_threads()
+    st["raster_fwd"] = ms(
+        lambda: klanes.raster_forward(grows, ids, off, w, h, tile, tx, bg, thr, nt)
+    )
+    res = klanes.raster_forward(grows, ids, off, w, h, tile, tx, bg, thr, nt)
     g3, g1 = np.ones((h, w, 3), np.float32), np.ones((h, w), np.float32)
-    args = (packed, off, w, h, tile, tx, bg, thr, res[3], res[4], g3, g1, g1)
-    st["raster_bwd"] = ms(lambda: kern.raster_backward(*args))
-    rows = kern.raster_backward(*args)
-    st["reduce_grads"] = ms(lambda: kern.reduce_grads(ids, rows, n))
-    per_g = kern.reduce_grads(ids, rows, n)
+    args = (grows, ids, off, w, h, tile, tx, bg, thr, res[3], res[4], g3, g1, g1, nt)
+    st["raster_bwd"] = ms(lambda: klanes.raster_backward(*args))
+    rows = klanes.raster_backward(*args)
+    st["reduce_grads"] = ms(lambda: kern.reduce_grads(ids, hit, rows, n))
+    per_g = kern.reduce_grads(ids, hit, rows, n)
     v2d, vcon, vcol = per_g[:, 0:2].copy(), per_g[:, 2:5].copy(), per_g[:, 5:8].copy()
     vdep, vcomp = per_g[:, 9].copy(), np.zeros(n, np.float32)
     st["project_bwd"] = ms(

@@ -524,7 +524,8 @@ def sh_forward(means, sh, campos, degree, shc, visible):  # pragma: no cover
 @njit(parallel=True, cache=True)
 def sh_backward(means, sh, campos, degree, shc, visible, v_colors):  # pragma: no cover
     """Gradients w.r.t. sh [N,K,3] (only the used bands) and means (through the direction);
-    zero for Gaussians that are not ``visible``."""
+    zero for Gaussians that are not ``visible``. One pass over the bands per Gaussian, all
+    three channels at once (a clamped channel contributes nothing)."""
     n = means.shape[0]
     kk = (degree + 1) ** 2
     v_sh = np.zeros(sh.shape, dtype=np.float32)
@@ -542,22 +543,29 @@ def sh_backward(means, sh, campos, degree, shc, visible, v_colors):  # pragma: n
             nrm = max(math.sqrt(dx * dx + dy * dy + dz * dz), 1e-12)
             ux, uy, uz = dx / nrm, dy / nrm, dz / nrm
             _sh_basis_and_grad(ux, uy, uz, degree, shc, basis, dbasis)
+            c0 = 0.0
+            c1 = 0.0
+            c2 = 0.0
+            for k in range(kk):
+                c0 += basis[k] * sh[i, k, 0]
+                c1 += basis[k] * sh[i, k, 1]
+                c2 += basis[k] * sh[i, k, 2]
+            # a clamped channel (colour + 0.5 < 0) has no gradient
+            v0 = np.float64(v_colors[i, 0]) if c0 + 0.5 >= 0.0 else 0.0
+            v1 = np.float64(v_colors[i, 1]) if c1 + 0.5 >= 0.0 else 0.0
+            v2 = np.float64(v_colors[i, 2]) if c2 + 0.5 >= 0.0 else 0.0
             gx = 0.0
             gy = 0.0
             gz = 0.0
-            for ch in range(3):
-                acc = 0.0
-                for k in range(kk):
-                    acc += basis[k] * sh[i, k, ch]
-                if acc + 0.5 < 0.0:
-                    continue  # clamped channel: no gradient
-                vc = v_colors[i, ch]
-                for k in range(kk):
-                    v_sh[i, k, ch] = basis[k] * vc
-                    w = sh[i, k, ch] * vc
-                    gx += dbasis[k, 0] * w
-                    gy += dbasis[k, 1] * w
-                    gz += dbasis[k, 2] * w
+            for k in range(kk):
+                b = basis[k]
+                v_sh[i, k, 0] = b * v0
+                v_sh[i, k, 1] = b * v1
+                v_sh[i, k, 2] = b * v2
+                w = sh[i, k, 0] * v0 + sh[i, k, 1] * v1 + sh[i, k, 2] * v2
+                gx += dbasis[k, 0] * w
+                gy += dbasis[k, 1] * w
+                gz += dbasis[k, 2] * w
             if degree > 0:
                 dot = ux * gx + uy * gy + uz * gz
                 v_means[i, 0] = (gx - ux * dot) / nrm

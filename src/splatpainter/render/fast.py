@@ -12,11 +12,12 @@ The maths' constants are read here at call time and passed to the kernels as arg
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 
 from splatpainter.assets import gaussians
-from splatpainter.render import _kernels, _kernels_proj, project
+from splatpainter.render import _kernels, _kernels_lanes, _kernels_proj, project
 from splatpainter.render.project import Projected, camera_center
 
 
@@ -195,24 +196,27 @@ def sh_to_color_numba(
 
 def bin_tiles(
     means2d: torch.Tensor, extents: torch.Tensor, depths: torch.Tensor, width: int, height: int
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Tile offsets [T+1] and flat Gaussian ids, each tile's list sorted by (depth, index)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Tile offsets [T+1], flat slots (each tile's list in (depth, index) order), the hit
+    Gaussians (``hit[slot]`` is a Gaussian's index) and the number of tile columns."""
     tile = project.TILE
     tiles_x = (width + tile - 1) // tile
     tiles_y = (height + tile - 1) // tile
     ext = np.ascontiguousarray(extents.detach().cpu().numpy().astype(np.int32, copy=False))
     depth_bits = _np32(depths).view(np.uint32)
-    offsets, ids = _kernels.bin_gaussians(_np32(means2d), ext, depth_bits, tile, tiles_x, tiles_y)
-    return offsets, ids, tiles_x
+    offsets, slots, hit = _kernels.bin_gaussians(
+        _np32(means2d), ext, depth_bits, tile, tiles_x, tiles_y
+    )
+    return offsets, slots, hit, tiles_x
 
 
 class _RasterizeNumba(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, depths, extents, background, w, h):
-        offsets, ids, tiles_x = bin_tiles(means2d, extents, depths, w, h)
+        offsets, ids, hit, tiles_x = bin_tiles(means2d, extents, depths, w, h)
         thr = raster_thresholds()
-        packed = _kernels.pack_rows(
-            ids,
+        rows = _kernels.gaussian_rows(
+            hit,
             _np32(means2d),
             _np32(conics),
             _np32(colors),
@@ -222,25 +226,25 @@ class _RasterizeNumba(torch.autograd.Function):
         )
         bg = _np32(background)
         tile = project.TILE
-        rgb, alpha, depth, final_t, last_idx = _kernels.raster_forward(
-            packed, offsets, w, h, tile, tiles_x, bg, thr
+        rgb, alpha, depth, final_t, last_idx = _kernels_lanes.raster_forward(
+            rows, ids, offsets, w, h, tile, tiles_x, bg, thr, numba.get_num_threads()
         )
-        ctx.saved = (packed, offsets, ids, tiles_x, bg, final_t, last_idx, w, h, thr)
+        ctx.saved = (rows, offsets, ids, hit, tiles_x, bg, final_t, last_idx, w, h, thr)
         ctx.n = means2d.shape[0]
         return torch.from_numpy(rgb), torch.from_numpy(alpha), torch.from_numpy(depth)
 
     @staticmethod
     def backward(ctx, grad_rgb, grad_alpha, grad_depth):
-        packed, offsets, ids, tiles_x, bg, final_t, last_idx, width, height, thr = ctx.saved
+        rows, offsets, ids, hit, tiles_x, bg, final_t, last_idx, width, height, thr = ctx.saved
         hw = (height, width)
         g_rgb = _np32(grad_rgb) if grad_rgb is not None else np.zeros((*hw, 3), np.float32)
         g_a = _np32(grad_alpha) if grad_alpha is not None else np.zeros(hw, np.float32)
         g_d = _np32(grad_depth) if grad_depth is not None else np.zeros(hw, np.float32)
-        rows = _kernels.raster_backward(
-            packed, offsets, width, height, project.TILE, tiles_x, bg, thr,
-            final_t, last_idx, g_rgb, g_a, g_d,
+        grads = _kernels_lanes.raster_backward(
+            rows, ids, offsets, width, height, project.TILE, tiles_x, bg, thr,
+            final_t, last_idx, g_rgb, g_a, g_d, numba.get_num_threads(),
         )  # fmt: skip
-        per_g = torch.from_numpy(_kernels.reduce_grads(ids, rows, ctx.n))
+        per_g = torch.from_numpy(_kernels.reduce_grads(ids, hit, grads, ctx.n))
         # the background shows through with weight T_final at every pixel
         v_bg = torch.from_numpy(
             np.einsum("hwc,hw->c", g_rgb.astype(np.float64), final_t.astype(np.float64))

@@ -1,0 +1,469 @@
+"""numba kernels of the compositing pass, written so that LLVM vectorises each tile row.
+
+Inside a tile the loop is Gaussian-major (as in ``_kernels``' history): each Gaussian visits
+the rows its alpha ellipse reaches, and each such row is processed as one run of ``LANES``
+(16) pixels with no data-dependent branch: the per-pixel rules (power <= 0, alpha clamp,
+alpha cut-off, early termination, the list end of the backward pass) become masks. A run of
+16 float32 lanes compiles to two AVX2 vector iterations; the branchy scalar loop it replaces
+spent most of its time on mispredicted branches (rows are 1-8 px long, pixels end at random
+Gaussians). Per-row state lives in one 1D array per tile row with compile-time offsets
+(``q * LANES + lane``), which is what lets LLVM prove that the lanes do not alias.
+
+``exp`` of float32 is evaluated inline (``_exp_neg``: Cody-Waite range reduction and a
+degree-5 minimax polynomial, as Cephes' ``expf``; at most 1.4 float32 ulp from the exact value,
+checked by a test) because numba's ``np.exp`` is a libm call that blocks vectorisation.
+
+One thread owns one tile (``prange`` over tiles, interleaved between threads); every write is
+private, results are bit-identical whatever the thread count. The compositing constants
+arrive as arguments (``thr`` = float32 [alpha_max, alpha_min, t_min]), never as imported
+globals (numba freezes those into its on-disk cache). The tile size is an argument too;
+tiles wider than ``LANES`` are processed as several lane runs per row.
+
+Per-Gaussian rows: see ``_kernels.gaussian_rows`` (columns 0-9 the Gaussian, 10 and 11 the
+x / y half-extent of its alpha footprint, negative for none), read through the tile lists
+(``offsets``, ``ids``: row indices, the slots of ``_kernels.bin_gaussians``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+LANES = 16  # pixels per vectorised run (one 16 px tile row)
+PACK = 10  # gradient columns per intersection (as ``_kernels.PACK``)
+_F = np.float32
+_HALF = _F(0.5)
+_ONE = _F(1.0)
+_ZERO = _F(0.0)
+# exp(x) = 2^k * exp(r), k = round(x / ln 2), r = x - k ln 2 in two parts (Cody-Waite);
+# exp(r) by the degree-5 minimax polynomial of Cephes' expf (S. L. Moshier).
+_LOG2E = _F(1.4426950408889634)
+_LN2_HI = _F(0.693359375)
+_LN2_LO = _F(-2.12194440e-4)
+_E0 = _F(1.9875691500e-4)
+_E1 = _F(1.3981999507e-3)
+_E2 = _F(8.3334519073e-3)
+_E3 = _F(4.1665795894e-2)
+_E4 = _F(1.6666665459e-1)
+_E5 = _F(5.0000001201e-1)
+_EXP_LO = _F(-80.0)  # below: returns exp(-80) (~1.8e-35), far under any alpha cut-off
+_CHECK = 16  # the forward recounts live rows every this many Gaussians
+# no reassociation (each pixel's operations keep the textbook order); multiply-adds may fuse
+_FLAGS = {"nsz", "arcp", "contract"}
+
+# forward row state: transmittance, colour r g b, depth, live (1 until the pixel stops)
+_F_T, _F_R, _F_G, _F_B, _F_D, _F_LIVE = range(6)
+_F_NQ = 6
+# backward row state: transmittance, colour / depth behind, pixel gradients, background term
+_B_T, _B_R0, _B_R1, _B_R2, _B_RD, _B_G0, _B_G1, _B_G2, _B_GD, _B_BG = range(10)
+_B_NQ = 10
+
+
+@intrinsic
+def _bits_to_f32(typingctx, x):  # pragma: no cover - compiled
+    """Reinterpret an int32 as float32 (a bitcast, vectorisable)."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):  # pragma: no cover - compiled
+    """a * b + c rounded once (``llvm.fma``, vectorisable): an explicit fused multiply-add,
+    so that the forward and backward kernels compute every alpha with the same roundings
+    although both let LLVM fuse the other multiply-adds (``contract``)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(f32, [f32, f32, f32])
+        fn = builder.module.declare_intrinsic("llvm.fma", [f32], fnty)
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _power(ca, cb, dx, dy, cdy):  # pragma: no cover - compiled
+    """-(a dx^2 + 2 b dx dy + c dy^2) / 2 with ``cdy`` = c dy^2, in a fixed order of fused
+    operations (nothing left for LLVM to contract, whatever the surrounding code)."""
+    return _fma(-cb * dx, dy, -_HALF * _fma(ca * dx, dx, cdy))
+
+
+@njit(cache=True, inline="always")
+def _exp_neg(x):  # pragma: no cover - compiled
+    """exp(x) for float32 x <= 0 (x > 0 is treated as 0), branch-free."""
+    x = min(max(x, _EXP_LO), _ZERO)
+    k = np.floor(x * _LOG2E + _HALF)
+    r = x - k * _LN2_HI
+    r = r - k * _LN2_LO
+    p = _E0
+    p = p * r + _E1
+    p = p * r + _E2
+    p = p * r + _E3
+    p = p * r + _E4
+    p = p * r + _E5
+    p = p * (r * r) + r + _ONE
+    return p * _bits_to_f32((np.int32(k) + np.int32(127)) << np.int32(23))
+
+
+@njit(cache=True, fastmath=_FLAGS)
+def exp_neg_array(x):  # pragma: no cover - compiled
+    """``_exp_neg`` elementwise, compiled with the kernels' flags (for tests)."""
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        out[i] = _exp_neg(x[i])
+    return out
+
+
+@njit(cache=True, inline="always")
+def _fwd_run(
+    st, j, last, xs, r, mx, dy, cdy, ca, cb, op, cr, cg, cbl, dep, amax, amin, tmin, mi
+):  # pragma: no cover
+    """One Gaussian over one run of LANES pixels (the textbook per-pixel rules as masks)."""
+    row = st[j]
+    la = last[j]
+    xr = xs[r]
+    for ln in range(LANES):
+        dx = mx - xr[ln]
+        power = _power(ca, cb, dx, dy, cdy)
+        alpha = min(amax, op * _exp_neg(power))
+        t = row[_F_T * LANES + ln]
+        live = row[_F_LIVE * LANES + ln]
+        ok = (power <= _ZERO) & (alpha >= amin) & (live > _ZERO)
+        test_t = t * (_ONE - alpha)
+        term = ok & (test_t < tmin)
+        draw = ok & ~term
+        w = alpha * t if draw else _ZERO
+        row[_F_R * LANES + ln] += cr * w
+        row[_F_G * LANES + ln] += cg * w
+        row[_F_B * LANES + ln] += cbl * w
+        row[_F_D * LANES + ln] += dep * w
+        row[_F_T * LANES + ln] = test_t if draw else t
+        la[ln] = mi if draw else la[ln]
+        row[_F_LIVE * LANES + ln] = _ZERO if term else live
+
+
+@njit(cache=True, inline="always")
+def _interleaved_tile(k, n_tiles, n_threads):  # pragma: no cover - compiled
+    """The tile that parallel iteration ``k`` of ``range(ceil(n_tiles / n_threads) *
+    n_threads)`` handles (-1: none). ``prange`` hands each thread one contiguous block of
+    iterations; this map makes thread i's block the tiles i, i + n_threads, ... so that every
+    thread gets a share of the busy middle of the image (contiguous blocks gave one of two
+    threads 2/3 of the work on an orbit view). Any schedule still covers every tile exactly once."""
+    per = (n_tiles + n_threads - 1) // n_threads
+    t = (k % per) * n_threads + k // per
+    return t if t < n_tiles else -1
+
+
+@njit(cache=True, inline="always")
+def _rows(my, ey, y_lo, y_hi):  # pragma: no cover - compiled
+    """Rows [y0, y1) whose pixel centres are within ``ey`` of ``my`` (and in the tile)."""
+    c = np.float64(my)
+    e = np.float64(ey)
+    y0 = max(int(np.ceil(c - e - 0.5)), y_lo)
+    y1 = min(int(np.floor(c + e - 0.5)) + 1, y_hi)
+    return y0, y1
+
+
+@njit(cache=True, inline="always")
+def _runs(mx, ex, x_lo, x_hi):  # pragma: no cover - compiled
+    """Lane runs [r0, r1) of the tile (``x_lo + r * LANES``) that the x extent reaches."""
+    c = np.float64(mx)
+    e = np.float64(ex)
+    p0 = max(int(np.ceil(c - e - 0.5)), x_lo)
+    p1 = min(int(np.floor(c + e - 0.5)) + 1, x_hi)
+    if p1 <= p0:
+        return 0, 0
+    return (p0 - x_lo) // LANES, (p1 - 1 - x_lo) // LANES + 1
+
+
+@njit(cache=True, fastmath=_FLAGS)
+def _fwd_tile(
+    rows, ids, start, end, x_lo, y_lo, x_hi, y_hi, n_runs, thr, st, last, xs, live_rows
+):  # pragma: no cover
+    """Composite one tile into ``st`` [rows * runs, NQ * LANES] and ``last`` (list ends)."""
+    amax, amin, tmin = thr[0], thr[1], thr[2]
+    nh = y_hi - y_lo
+    for r in range(n_runs):
+        for ln in range(LANES):
+            xs[r, ln] = _F(x_lo + r * LANES + ln) + _HALF
+    for iy in range(nh):
+        for r in range(n_runs):
+            j = iy * n_runs + r
+            for ln in range(LANES):
+                inside = x_lo + r * LANES + ln < x_hi
+                st[j, _F_T * LANES + ln] = _ONE
+                st[j, _F_R * LANES + ln] = _ZERO
+                st[j, _F_G * LANES + ln] = _ZERO
+                st[j, _F_B * LANES + ln] = _ZERO
+                st[j, _F_D * LANES + ln] = _ZERO
+                st[j, _F_LIVE * LANES + ln] = _ONE if inside else _ZERO
+                last[j, ln] = start
+        live_rows[iy] = 1
+    n_live = nh
+    for m in range(start, end):
+        if n_live == 0:
+            break
+        g = ids[m]
+        ey = rows[g, 11]
+        if ey < 0.0:
+            continue
+        mx = rows[g, 0]
+        my = rows[g, 1]
+        y0, y1 = _rows(my, ey, y_lo, y_hi)
+        r0, r1 = _runs(mx, rows[g, 10], x_lo, x_hi)
+        ca = rows[g, 2]
+        cb = rows[g, 3]
+        cc = rows[g, 4]
+        op = rows[g, 8]
+        cr = rows[g, 5]
+        cg = rows[g, 6]
+        cbl = rows[g, 7]
+        dep = rows[g, 9]
+        mi = np.int32(m + 1)
+        for py in range(y0, y1):
+            iy = py - y_lo
+            if live_rows[iy] == 0:
+                continue
+            dy = my - (_F(py) + _HALF)
+            cdy = cc * dy * dy
+            for r in range(r0, r1):
+                j = iy * n_runs + r
+                _fwd_run(st, j, last, xs, r, mx, dy, cdy, ca, cb, op,
+                         cr, cg, cbl, dep, amax, amin, tmin, mi)  # fmt: skip
+        if (m - start) % _CHECK == _CHECK - 1:  # stop early once every pixel has stopped
+            n_live = 0
+            for iy in range(nh):
+                any_live = _ZERO
+                for j in range(iy * n_runs, (iy + 1) * n_runs):
+                    for ln in range(LANES):
+                        any_live = max(any_live, st[j, _F_LIVE * LANES + ln])
+                live_rows[iy] = 1 if any_live > _ZERO else 0
+                n_live += live_rows[iy]
+
+
+@njit(parallel=True, cache=True)
+def raster_forward(
+    rows, ids, offsets, width, height, tile, tiles_x, background, thr, n_thr
+):  # pragma: no cover
+    """Front-to-back compositing: rgb, alpha, accumulated depth, final transmittance and the
+    list end (one past the last Gaussian drawn) of every pixel. ``n_thr``: numba's thread
+    count (``numba.get_num_threads()``; only the work split depends on it, not the result)."""
+    rgb = np.empty((height, width, 3), dtype=np.float32)
+    alpha_out = np.empty((height, width), dtype=np.float32)
+    depth_out = np.empty((height, width), dtype=np.float32)
+    final_t = np.empty((height, width), dtype=np.float32)
+    last_idx = np.empty((height, width), dtype=np.int64)
+    n_tiles = offsets.shape[0] - 1
+    n_runs = (tile + LANES - 1) // LANES
+    bg0, bg1, bg2 = background[0], background[1], background[2]
+    for k in prange(((n_tiles + n_thr - 1) // n_thr) * n_thr):
+        t = _interleaved_tile(k, n_tiles, n_thr)
+        if t < 0:
+            continue
+        x_lo = (t % tiles_x) * tile
+        y_lo = (t // tiles_x) * tile
+        x_hi = min(x_lo + tile, width)
+        y_hi = min(y_lo + tile, height)
+        st = np.empty((tile * n_runs, _F_NQ * LANES), dtype=np.float32)
+        last = np.empty((tile * n_runs, LANES), dtype=np.int32)
+        xs = np.empty((n_runs, LANES), dtype=np.float32)
+        live_rows = np.empty(tile, dtype=np.int64)
+        start = offsets[t]
+        _fwd_tile(rows, ids, start, offsets[t + 1], x_lo, y_lo, x_hi, y_hi, n_runs, thr,
+                  st, last, xs, live_rows)  # fmt: skip
+        for py in range(y_lo, y_hi):
+            for px in range(x_lo, x_hi):
+                j = (py - y_lo) * n_runs + (px - x_lo) // LANES
+                ln = (px - x_lo) % LANES
+                tr = st[j, _F_T * LANES + ln]
+                rgb[py, px, 0] = st[j, _F_R * LANES + ln] + tr * bg0
+                rgb[py, px, 1] = st[j, _F_G * LANES + ln] + tr * bg1
+                rgb[py, px, 2] = st[j, _F_B * LANES + ln] + tr * bg2
+                alpha_out[py, px] = _ONE - tr
+                depth_out[py, px] = st[j, _F_D * LANES + ln]
+                final_t[py, px] = tr
+                last_idx[py, px] = last[j, ln]
+    return rgb, alpha_out, depth_out, final_t, last_idx
+
+
+@njit(cache=True, inline="always")
+def _bwd_run(
+    st, j, last, xs, r, acc, m, mx, dy, cdy, ca, cb, cc, op, cr, cg, cbl, dep, amax, amin
+):  # pragma: no cover
+    """One Gaussian over one run of LANES pixels, back to front: undo its blend and add its
+    per-lane gradient contributions to ``acc`` [PACK * LANES]."""
+    row = st[j]
+    la = last[j]
+    xr = xs[r]
+    for ln in range(LANES):
+        dx = mx - xr[ln]
+        power = _power(ca, cb, dx, dy, cdy)
+        gauss = _exp_neg(power)
+        raw = op * gauss
+        alpha = min(amax, raw)
+        ok = (m < la[ln]) & (power <= _ZERO) & (alpha >= amin)
+        one_minus = _ONE - alpha
+        inv = _ONE / one_minus
+        t_old = row[_B_T * LANES + ln]
+        t = t_old * inv
+        w = alpha * t if ok else _ZERO
+        g0 = row[_B_G0 * LANES + ln]
+        g1 = row[_B_G1 * LANES + ln]
+        g2 = row[_B_G2 * LANES + ln]
+        gd = row[_B_GD * LANES + ln]
+        acc[5 * LANES + ln] += w * g0
+        acc[6 * LANES + ln] += w * g1
+        acc[7 * LANES + ln] += w * g2
+        acc[9 * LANES + ln] += w * gd
+        r0 = row[_B_R0 * LANES + ln]
+        r1 = row[_B_R1 * LANES + ln]
+        r2 = row[_B_R2 * LANES + ln]
+        rd = row[_B_RD * LANES + ln]
+        d_alpha = (
+            t * ((cr - r0) * g0 + (cg - r1) * g1 + (cbl - r2) * g2 + (dep - rd) * gd)
+            + row[_B_BG * LANES + ln] * inv
+        )
+        row[_B_T * LANES + ln] = t if ok else t_old
+        row[_B_R0 * LANES + ln] = cr * alpha + one_minus * r0 if ok else r0
+        row[_B_R1 * LANES + ln] = cg * alpha + one_minus * r1 if ok else r1
+        row[_B_R2 * LANES + ln] = cbl * alpha + one_minus * r2 if ok else r2
+        row[_B_RD * LANES + ln] = dep * alpha + one_minus * rd if ok else rd
+        # where alpha is clamped it does not depend on the Gaussian: no geometry/opacity grads
+        d_a = d_alpha if ok & (raw <= amax) else _ZERO
+        acc[8 * LANES + ln] += gauss * d_a
+        d_power = alpha * d_a
+        acc[0 * LANES + ln] += d_power * (-ca * dx - cb * dy)
+        acc[1 * LANES + ln] += d_power * (-cb * dx - cc * dy)
+        acc[2 * LANES + ln] += d_power * (-_HALF * dx * dx)
+        acc[3 * LANES + ln] += d_power * (-dx * dy)
+        acc[4 * LANES + ln] += d_power * (-_HALF * dy * dy)
+
+
+@njit(cache=True, fastmath=True)
+def _lane_sums(acc, out, m):  # pragma: no cover - compiled
+    """out[m, q] = sum over lanes of acc[q]; reassociated (vectorised) in a fixed order."""
+    for q in range(PACK):
+        s = _ZERO
+        for ln in range(LANES):
+            s += acc[q * LANES + ln]
+        out[m, q] = s
+
+
+@njit(cache=True, fastmath=_FLAGS, error_model="numpy")
+def _bwd_tile(
+    rows, ids, start, x_lo, y_lo, x_hi, y_hi, n_runs, thr, bg, final_t, last_idx,
+    grad_rgb, grad_alpha, grad_depth, st, last, xs, acc, row_end, grads,
+):  # pragma: no cover  # fmt: skip
+    """Gradient rows of one tile's intersections (back to front from the last drawn one)."""
+    amax, amin = thr[0], thr[1]
+    nh = y_hi - y_lo
+    for r in range(n_runs):
+        for ln in range(LANES):
+            xs[r, ln] = _F(x_lo + r * LANES + ln) + _HALF
+    max_last = start
+    for iy in range(nh):
+        row_end[iy] = start
+        py = y_lo + iy
+        for r in range(n_runs):
+            j = iy * n_runs + r
+            for ln in range(LANES):
+                px = x_lo + r * LANES + ln
+                if px < x_hi:
+                    tf = final_t[py, px]
+                    g0 = grad_rgb[py, px, 0]
+                    g1 = grad_rgb[py, px, 1]
+                    g2 = grad_rgb[py, px, 2]
+                    st[j, _B_T * LANES + ln] = tf
+                    st[j, _B_G0 * LANES + ln] = g0
+                    st[j, _B_G1 * LANES + ln] = g1
+                    st[j, _B_G2 * LANES + ln] = g2
+                    st[j, _B_GD * LANES + ln] = grad_depth[py, px]
+                    st[j, _B_BG * LANES + ln] = (
+                        grad_alpha[py, px] - (g0 * bg[0] + g1 * bg[1] + g2 * bg[2])
+                    ) * tf
+                    e = last_idx[py, px]
+                    row_end[iy] = max(row_end[iy], e)
+                else:  # outside the image: never drawn
+                    st[j, _B_T * LANES + ln] = _ONE
+                    st[j, _B_G0 * LANES + ln] = _ZERO
+                    st[j, _B_G1 * LANES + ln] = _ZERO
+                    st[j, _B_G2 * LANES + ln] = _ZERO
+                    st[j, _B_GD * LANES + ln] = _ZERO
+                    st[j, _B_BG * LANES + ln] = _ZERO
+                    e = start
+                last[j, ln] = np.int32(e)
+                st[j, _B_R0 * LANES + ln] = _ZERO
+                st[j, _B_R1 * LANES + ln] = _ZERO
+                st[j, _B_R2 * LANES + ln] = _ZERO
+                st[j, _B_RD * LANES + ln] = _ZERO
+        max_last = max(max_last, row_end[iy])
+    for m in range(max_last - 1, start - 1, -1):
+        for k in range(PACK * LANES):
+            acc[k] = _ZERO
+        g = ids[m]
+        ey = rows[g, 11]
+        if ey >= 0.0:
+            mx = rows[g, 0]
+            my = rows[g, 1]
+            y0, y1 = _rows(my, ey, y_lo, y_hi)
+            r0, r1 = _runs(mx, rows[g, 10], x_lo, x_hi)
+            ca = rows[g, 2]
+            cb = rows[g, 3]
+            cc = rows[g, 4]
+            cr = rows[g, 5]
+            cg = rows[g, 6]
+            cbl = rows[g, 7]
+            op = rows[g, 8]
+            dep = rows[g, 9]
+            mi = np.int32(m)
+            for py in range(y0, y1):
+                iy = py - y_lo
+                if m >= row_end[iy]:
+                    continue  # every pixel of this row stopped before this Gaussian
+                dy = my - (_F(py) + _HALF)
+                cdy = cc * dy * dy
+                for r in range(r0, r1):
+                    j = iy * n_runs + r
+                    _bwd_run(st, j, last, xs, r, acc, mi, mx, dy, cdy, ca, cb, cc, op,
+                             cr, cg, cbl, dep, amax, amin)  # fmt: skip
+        _lane_sums(acc, grads, m)
+
+
+@njit(parallel=True, cache=True)
+def raster_backward(
+    rows, ids, offsets, width, height, tile, tiles_x, background, thr,
+    final_t, last_idx, grad_rgb, grad_alpha, grad_depth, n_thr,
+):  # pragma: no cover  # fmt: skip
+    """Per-intersection gradient rows [M, PACK] (layout of ``_kernels.gaussian_rows``' first
+    ten columns), rebuilding each pixel's transmittance back to front from its final value.
+
+    For pixel p and Gaussian k (R = colour composited behind k, renormalised to T_{k+1}):
+    dC/da_k = T_k (c_k - R) - bg T_final / (1 - a_k),  dA/da_k = T_final / (1 - a_k).
+    """
+    grads = np.zeros((ids.shape[0], PACK), dtype=np.float32)
+    n_tiles = offsets.shape[0] - 1
+    n_runs = (tile + LANES - 1) // LANES
+    for k in prange(((n_tiles + n_thr - 1) // n_thr) * n_thr):
+        t = _interleaved_tile(k, n_tiles, n_thr)
+        if t < 0:
+            continue
+        x_lo = (t % tiles_x) * tile
+        y_lo = (t // tiles_x) * tile
+        x_hi = min(x_lo + tile, width)
+        y_hi = min(y_lo + tile, height)
+        st = np.empty((tile * n_runs, _B_NQ * LANES), dtype=np.float32)
+        last = np.empty((tile * n_runs, LANES), dtype=np.int32)
+        xs = np.empty((n_runs, LANES), dtype=np.float32)
+        acc = np.empty(PACK * LANES, dtype=np.float32)
+        row_end = np.empty(tile, dtype=np.int64)
+        _bwd_tile(rows, ids, offsets[t], x_lo, y_lo, x_hi, y_hi, n_runs, thr, background, final_t,
+                  last_idx, grad_rgb, grad_alpha, grad_depth, st, last, xs, acc, row_end,
+                  grads)  # fmt: skip
+    return grads
