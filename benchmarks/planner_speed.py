@@ -175,6 +175,7 @@ def _cold_caches() -> None:
     from knapformer.planning.solvers import problem
 
     auto._parse.cache_clear()
+    auto._spec_for_terms.cache_clear()
     problem._REPLICA_CACHE.clear()
 
 

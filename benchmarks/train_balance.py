@@ -8,7 +8,12 @@ three ways side by side in the same ranks (gloo, spawned, one thread each), with
 ``build_run`` / ``train_step``: ``none``, a fixed spec (g2n1 / g4n1) and ``auto``. Every step
 each run trains on the same batch, one after the other in a rotating order, so load drift on a
 shared machine hits the three alike. The cost model is calibrated once per block type (double /
-single stream, forward + backward; held-out MAPE printed) and given to both balancers.
+single stream, forward + backward; held-out MAPE printed; per-sequence constant ``e`` and
+per-call constant ``f`` separated by timing packed calls) and given to both balancers; with
+``--cost calibrate`` the ranks then measure in place ``u``, the fixed per-step cost of a rank in a
+g > 1 bag (``measure_bag_overhead``: uniform data, g1nW against every gGnW/G), as the trainer's
+``cost = "calibrate"`` does. The modelled per-rank times (``CostModel.rank_time``) include ``f``
+and ``u``; ``--no-bag-overhead`` leaves ``u`` out.
 Reported per run (medians over the steps after ``--warmup``):
 
 * per-rank compute max/mean, from thread CPU time (robust when cores are shared);
@@ -16,7 +21,8 @@ Reported per run (medians over the steps after ``--warmup``):
 * the modelled ideal of that ratio and the fraction reached: a step model
   ``cpu = E + k * modelled_load`` is fitted on the unbalanced run (``E``: what every rank pays per
   step whatever its data: Python/kernel-call overheads, FSDP, embeddings) and evaluated at the
-  unbalanced and the balanced modelled makespans of each step;
+  unbalanced and the balanced modelled makespans of each step (also without ``u``, i.e. what
+  the planner's loads alone promise: ``fraction_of_ideal_without_u``);
 * the largest relative loss difference to the unbalanced run over all steps.
 
 Targets (issue 10): auto max/mean <= 1.05, none >= 2 (at 4 ranks), ratio >= 90% of the ideal,
@@ -42,15 +48,14 @@ CODES = {
     4: "g3b3i128f1s0,g1b1i128f68s1",
 }
 FIXED = {2: "g2n1", 4: "g4n1"}
-#: Config overrides (``--set``) applied by default: none, configs/tiny.toml as it is. At its
-#: d_model 128 the per-call overheads of the Ulysses path (agreement all-gathers, relayout copies,
-#: one SDPA call per sequence per rank) are ~20-25% of a balanced rank's time on uniform data,
-#: which the modelled ideal does not contain; ``--set model.d_model=256 --set
-#: "model.axes_dim=[16, 24, 24]"`` measures a wider model.
+#: Config overrides (``--set``) applied by default: none, configs/tiny.toml as it is
+#: (``--set model.d_model=256 --set "model.axes_dim=[16, 24, 24]"`` measures a wider model).
 DEFAULT_SETS: list[str] = []
 
 
-def _rank_main(rank: int, world: int, cfg: Any, modes: list[str], rdzv: str, out: str) -> None:
+def _rank_main(
+    rank: int, world: int, cfg: Any, modes: list[str], rdzv: str, out: str, bag_overhead: bool
+) -> None:
     """One rank: the three runs side by side, one step of each in turn (rotating the order)."""
     import dataclasses
     import datetime
@@ -61,7 +66,7 @@ def _rank_main(rank: int, world: int, cfg: Any, modes: list[str], rdzv: str, out
 
     from knapformer.data.synthetic import SyntheticMixture
     from knapformer.planning.cost import CostModel
-    from knapformer.train.costs import flops_cost
+    from knapformer.train.costs import flops_cost, measure_bag_overhead
     from knapformer.train.loop import ThreadClock, build_run, train_step
 
     torch.set_num_threads(1)
@@ -84,6 +89,9 @@ def _rank_main(rank: int, world: int, cfg: Any, modes: list[str], rdzv: str, out
             patch_px=cfg.data.patch_px, seed=cfg.data.seed,
         )  # fmt: skip
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        bag: dict[str, Any] = {}
+        if bag_overhead:  # the calibration's in-place part: u, on these ranks
+            cost, bag = measure_bag_overhead(cfg, cost, mesh, torch.device("cpu"))
         runs = {}
         for m in modes:
             mode_cfg = dataclasses.replace(
@@ -102,7 +110,7 @@ def _rank_main(rank: int, world: int, cfg: Any, modes: list[str], rdzv: str, out
                     train_step(model, bal, optim, tb, step, cost, clock, torch.device("cpu"))
                 )
         if rank == 0:
-            Path(out).write_text(json.dumps(recs))
+            Path(out).write_text(json.dumps({"records": recs, "bag_overhead": bag, "u": cost.u}))
     finally:
         dist.destroy_process_group()
 
@@ -115,7 +123,8 @@ def _run_world(
     cost: str,
     tmp: Path,
     sets: list[str],
-) -> dict[str, list[dict]]:
+    bag_overhead: bool,
+) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     from knapformer.train.config import load_config
@@ -128,7 +137,7 @@ def _run_world(
     out = tmp / f"world{world}.json"
     mp.start_processes(
         _rank_main,
-        args=(world, cfg, modes, str(tmp / f"rdzv{world}"), str(out)),
+        args=(world, cfg, modes, str(tmp / f"rdzv{world}"), str(out), bag_overhead),
         nprocs=world,
         join=True,
         start_method="spawn",
@@ -153,7 +162,7 @@ def _step_model(recs: list[dict], warmup: int) -> tuple[float, float, float]:
 
 
 def _summary(
-    recs: list[dict], warmup: int, step_model: tuple[float, float, float] | None
+    recs: list[dict], warmup: int, step_model: tuple[float, float, float] | None, u: float = 0.0
 ) -> dict[str, Any]:
     rs = recs[warmup:]
     cpu = np.array([r["rank_compute_cpu_s"] for r in rs])
@@ -175,6 +184,10 @@ def _summary(
         before = E + k * np.array([r["modelled_unbalanced_makespan"] for r in rs])
         after = E + k * np.array([r["modelled_makespan"] for r in rs])
         out["modelled_ideal_ratio"] = float(np.median(before / after))
+        # The same without the bag's fixed cost u (what the planner's loads alone promise).
+        g = np.array([r["rank_bag_size"] for r in rs], dtype=np.float64)
+        loads = np.array([r["rank_modelled_load"] for r in rs]) - u * (g - 1) / g
+        out["modelled_ideal_ratio_without_u"] = float(np.median(before / (E + k * loads.max(1))))
     return out
 
 
@@ -191,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         dest="sets",
         metavar="SECTION.KEY=VALUE",
         help="config override, e.g. model.d_model=256 (repeatable)",
+    )
+    ap.add_argument(
+        "--no-bag-overhead",
+        action="store_true",
+        help="with --cost calibrate: skip measuring u (the fixed cost of a rank in a g > 1 bag)",
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -235,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             lengths = np.unique(np.geomspace(64, longest, 11).astype(int)).tolist()
             bags = [g for g in (1, 2, 4) if g <= max(worlds) and mcfg.num_heads % g == 0]
             say(f"calibrating double/single-stream blocks at L={lengths}, g={bags} ...")
-            costs = calibrate_blocks(mcfg, lengths, bags, repeats=13)
+            costs = calibrate_blocks(mcfg, lengths, bags, repeats=13, min_time_s=0.3)
             cost = str(Path(tmp) / "profile.json")
             costs.total.save(cost)
             result["calibration"] = {
@@ -243,25 +261,34 @@ def main(argv: list[str] | None = None) -> int:
                 "fit_mape_percent": costs.fit_mape,
                 "lengths_heldout": list(costs.lengths_heldout),
                 "target_met": max(costs.heldout_mape.values()) <= 5.0,
+                "per_sequence_e_s": costs.total.e,
+                "per_rank_f_s": costs.total.f,
             }
             say(
                 "held-out MAPE per block type: "
                 + ", ".join(f"{k} {v:.2f}%" for k, v in costs.heldout_mape.items())
             )
         result["cost"] = args.cost
+        bag_overhead = args.cost == "calibrate" and not args.no_bag_overhead
         per_world: dict[str, Any] = {}
         with Progress(disable=args.json, transient=True) as prog:
             task = prog.add_task("interleaved runs per world size", total=len(worlds))
             for w in worlds:
                 modes = ["none", FIXED[w], "auto"]
-                recs = _run_world(Path(args.config), w, modes, args.steps, cost, Path(tmp), sets)
+                got = _run_world(
+                    Path(args.config), w, modes, args.steps, cost, Path(tmp), sets, bag_overhead
+                )
+                recs = got["records"]
+                result.setdefault("bag_overhead", {})[str(w)] = got["bag_overhead"]
                 step_model = _step_model(recs["none"], args.warmup)
                 result.setdefault("step_model", {})[str(w)] = {
                     "per_rank_overhead_s": step_model[0],
                     "s_per_cost_unit": step_model[1],
                     "r2": step_model[2],
                 }
-                per_world[str(w)] = {m: _summary(recs[m], args.warmup, step_model) for m in modes}
+                per_world[str(w)] = {
+                    m: _summary(recs[m], args.warmup, step_model, got["u"]) for m in modes
+                }
                 prog.advance(task)
     for w in worlds:
         runs_w = per_world[str(w)]
@@ -270,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
             r = runs_w[b]
             r["max_rank_ratio_vs_none"] = base["max_rank_cpu_s"] / r["max_rank_cpu_s"]
             r["fraction_of_ideal"] = r["max_rank_ratio_vs_none"] / r["modelled_ideal_ratio"]
+            r["fraction_of_ideal_without_u"] = (
+                r["max_rank_ratio_vs_none"] / r["modelled_ideal_ratio_without_u"]
+            )
             r["max_rel_loss_diff_vs_none"] = float(
                 max(abs(x - y) / abs(y) for x, y in zip(r["losses"], base["losses"], strict=True))
             )
@@ -321,6 +351,17 @@ def main(argv: list[str] | None = None) -> int:
             f"step model (world {w}, fitted on 'none'): E={m['per_rank_overhead_s'] * 1e3:.1f} ms "
             f"per rank, R^2={m['r2']:.3f}"
         )
+    for w, m in result.get("bag_overhead", {}).items():
+        if m.get("unmodelled_s"):
+            print(
+                f"fixed cost of a rank in a g-bag (world {w}, measured in place): "
+                f"u={m['u'] * 1e3:.1f} ms * (g-1)/g; of ideal without it: "
+                + ", ".join(
+                    f"{b} {100 * r['fraction_of_ideal_without_u']:.1f}%"
+                    for b, r in per_world[w].items()
+                    if "fraction_of_ideal_without_u" in r
+                )
+            )
     print("targets: " + ", ".join(f"{k}={v}" for k, v in result["targets"].items()))
     print(f"elapsed {result['elapsed_s']:.0f} s")
     return 0

@@ -109,6 +109,28 @@ def test_bag_attention_emulation():
     assert qc.grad is not None and torch.isfinite(qc.grad).all()
 
 
+def test_bag_attention_emulation_of_packed_sequences():
+    torch.manual_seed(0)
+    n, L, H, D = 3, 10, 4, 8
+    q, k, v = (torch.randn(n * L, H, D, dtype=torch.float64) for _ in range(3))
+    cu = torch.arange(n + 1) * L
+    torch.testing.assert_close(bag_attention(1, L, n)(q, k, v), local_attention(cu, L)(q, k, v))
+    # g=2: the GPU holds one 5-token chunk of each sequence; the emulation fills each whole
+    # sequence with copies of the local chunk, so head group 0 of local row r is attention at
+    # row r of that filled sequence, computed here directly.
+    g, C, hg = 2, 5, 2
+    rows = torch.cat([torch.arange(i * L, i * L + C) for i in range(n)])
+    qc, kc, vc = (x[rows].clone().requires_grad_(True) for x in (q, k, v))
+    out = bag_attention(g, L, n)(qc, kc, vc)
+    assert out.shape == (n * C, H, D)
+    for i in range(n):
+        whole = [x[i * C : (i + 1) * C, :hg].repeat(g, 1, 1) for x in (qc, kc, vc)]
+        ref = local_attention(torch.tensor([0, L]), L)(*whole)
+        torch.testing.assert_close(out[i * C : (i + 1) * C, :hg], ref[:C])
+    out.sum().backward()
+    assert qc.grad is not None and torch.isfinite(qc.grad).all()
+
+
 @pytest.mark.timeout(120)
 def test_all_to_all_measurement_two_processes():
     r = measure_all_to_all(32, sizes=(64, 256, 1024), repeats=2, timeout_s=90)

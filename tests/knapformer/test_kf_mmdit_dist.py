@@ -142,17 +142,17 @@ def _check(per_rank: list[list[dict]]) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_balanced_mmdit_fsdp_w2(tmp_path):
     cases = [("none", False), ("g2n1", False), ("auto", True)]
-    res = run_workers(__file__, "mmdit_worker", 2, tmp_path, args=(SEQS_2, cases), timeout=55)
+    res = run_workers(__file__, "mmdit_worker", 2, tmp_path, args=(SEQS_2, cases), timeout=140)
     _check(res)
     assert res[0][1]["layout"] == "g2n1"
 
 
 @pytest.mark.distributed
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_balanced_mmdit_fsdp_w4_empty_rank(tmp_path):
     cases = [("none", False), ("g4n1", True), ("g1n2+g2n1", False)]
-    res = run_workers(__file__, "mmdit_worker", 4, tmp_path, args=(SEQS_4, cases), timeout=55)
+    res = run_workers(__file__, "mmdit_worker", 4, tmp_path, args=(SEQS_4, cases), timeout=140)
     _check(res)

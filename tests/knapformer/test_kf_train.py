@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from knapformer.cli import app
+from knapformer.planning.cost import CostModel
 from knapformer.train.config import (
     ConfigError,
     apply_overrides,
@@ -250,9 +251,77 @@ def test_per_block_type_calibration_feeds_one_cost_model():
     assert c.double.a + c.double.b > 0 and c.single.a + c.single.b > 0
     assert c.total.a == pytest.approx(2 * c.double.a + 3 * c.single.a)
     assert c.total.b == pytest.approx(2 * c.double.b + 3 * c.single.b)
-    # Intercepts are per block call (the same on every rank), not per sequence.
-    assert c.total.e == 0.0
-    assert c.per_rank_overhead_s == pytest.approx(2 * c.double.e + 3 * c.single.e)
+    # Per-sequence constants add up into t (every GPU of a bag pays them per sequence); the
+    # per-call ones into f (once per rank and step), apart from t.
+    assert c.total.e == pytest.approx(2 * c.double.e + 3 * c.single.e)
+    assert c.total.f == pytest.approx(2 * c.double.f + 3 * c.single.f)
+    assert c.per_rank_overhead_s == c.total.f
+    assert c.total.t(100, 2) == pytest.approx(2 * c.double.t(100, 2) + 3 * c.single.t(100, 2))
     assert set(c.heldout_mape) == {"double", "single"} and c.lengths_heldout
+    assert set(c.packed_mape) == {"double", "single"}
+    assert CostModel.from_dict(c.total.to_dict()) == c.total
     with pytest.raises(ValueError, match="divide num_heads"):
         calibrate_blocks(cfg, [8, 16, 32], (3,))
+
+
+def test_round_factors_are_taken_out_of_block_timings():
+    import numpy as np
+
+    from knapformer.train.costs import _median_polish
+
+    rng = np.random.default_rng(0)
+    level = np.array([3e-3, 7e-3, 2e-2, 9e-2])
+    load = rng.uniform(1.0, 2.0, size=12)  # every case of a round slowed alike
+    times = level[:, None] * load[None, :]
+    times[3, 6:] = np.nan  # expensive cases get fewer rounds
+    got = np.array(_median_polish(times, 0.0))
+    np.testing.assert_allclose(got / got[0], level / level[0], rtol=1e-12)
+    assert got[0] == pytest.approx(level[0] * load.min(), rel=1e-12)  # the quietest round's load
+
+
+def bag_overhead_worker(rank: int, world: int, raw: dict):
+    import dataclasses
+
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from knapformer.data.synthetic import SyntheticMixture
+    from knapformer.train.config import apply_overrides, build_config
+    from knapformer.train.costs import flops_cost, measure_bag_overhead
+    from knapformer.train.loop import ThreadClock, build_run, train_step
+
+    cfg = build_config(apply_overrides(raw, {"balance.balancer": "g2n1"}))
+    mcfg = cfg.model_config()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    cpu = torch.device("cpu")
+    flops = flops_cost(mcfg)
+    measured, info = measure_bag_overhead(cfg, flops, mesh, cpu, steps=3, warmup=1)
+    # a step's modelled per-rank times: the plan's loads plus f, and u (g-1)/g in a g-bag
+    cost = dataclasses.replace(flops, f=1e6, u=4e6)
+    model, bal, optim = build_run(cfg, cost, mesh, cpu)
+    data = SyntheticMixture(cfg.data.codes, mcfg, world, text_tokens_max=4)
+    rec = train_step(model, bal, optim, data.batch(1, rank), 1, cost, ThreadClock(), cpu)
+    return {
+        "u": measured.u,
+        "rest_unchanged": dataclasses.replace(measured, u=0.0) == flops,
+        "layouts": sorted(info["unmodelled_s"]),
+        "rec": rec,
+        "plan_loads": bal.plan.load_after.tolist(),
+        "t_own": float(cost.t(data.lengths(1, rank)).sum()),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_bag_overhead_is_measured_in_place_and_enters_modelled_times(tmp_path):
+    res = run_workers(__file__, "bag_overhead_worker", 2, tmp_path, args=(TINY,), timeout=55)
+    assert res[0]["u"] == res[1]["u"] >= 0.0  # every rank the same
+    assert res[0]["rest_unchanged"] and res[0]["layouts"] == ["g1n2", "g2n1"]
+    rec = res[0]["rec"]
+    assert rec["rank_bag_size"] == [2, 2]
+    for r in range(2):
+        want = res[0]["plan_loads"][r] + 1e6 + 4e6 / 2
+        assert rec["rank_modelled_load"][r] == pytest.approx(want, rel=1e-12)
+    assert rec["modelled_unbalanced_makespan"] == pytest.approx(
+        max(x["t_own"] for x in res) + 1e6, rel=1e-12
+    )

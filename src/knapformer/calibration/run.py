@@ -56,26 +56,40 @@ class CalibrationReport:
         return np.asarray(compute_only.t(np.asarray(L, dtype=np.float64), g))
 
 
-def bag_attention(g: int, length: int) -> Callable[[Any, Any, Any], Any]:
-    """Attention callable emulating one GPU of a g-bag for a single sequence of `length`."""
+def bag_attention(g: int, length: int, n: int = 1) -> Callable[[Any, Any, Any], Any]:
+    """Attention callable emulating one GPU of a g-bag that holds ``n`` length-`length` sequences.
+
+    The GPU holds one ``ceil(length/g)``-row chunk of each sequence (``n`` chunks back to back).
+    As Ulysses does, the whole call re-lays q, k, v out once (one gather for all sequences, here
+    from local copies instead of an all-to-all) to whole sequences with ``H/g`` heads, runs the
+    varlen attention (one call per sequence on CPU) and lays the output back once.
+    """
     import torch
 
     from knapformer.attention.varlen import varlen_attention
 
-    cu = torch.tensor([0, length], dtype=torch.int64)
+    if g < 1 or length < 1 or n < 1:
+        raise CalibrationError(f"bag emulation needs g, length, n >= 1; got {g}, {length}, {n}")
+    cu = torch.arange(n + 1, dtype=torch.int64) * length
+    C = math.ceil(length / g)
+    seq = torch.arange(n).repeat_interleave(length)
+    pos = torch.arange(length).repeat(n)
+    gather = seq * C + pos % C  # [n*L]: row of each whole-sequence token among the local chunks
+    # [g*n*C]: for peer p and local row r, the whole-sequence row that peer p sends back
+    r = torch.arange(n * C)
+    j = torch.arange(g)[:, None] * C + (r % C)[None, :]
+    scatter = ((r // C)[None, :] * length + j.clamp(max=length - 1)).flatten()
 
     def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        C, H, D = q.shape
+        _, H, D = q.shape
         if g == 1:
             return varlen_attention(q, k, v, cu, length)
         hg = H // g
-
-        def gather(t: torch.Tensor) -> torch.Tensor:  # [C, H, D] -> [L, H/g, D]
-            return t[:, :hg].repeat(g, 1, 1)[:length]
-
-        o = varlen_attention(gather(q), gather(k), gather(v), cu, length)  # [L, H/g, D]
-        o = torch.nn.functional.pad(o, (0, 0, 0, 0, 0, g * C - length))  # [g*C, H/g, D]
-        return o.view(g, C, hg, D).permute(1, 0, 2, 3).reshape(C, H, D)
+        x = torch.stack((q, k, v), dim=1)[:, :, :hg].index_select(0, gather)  # [n*L, 3, H/g, D]
+        qs, ks, vs = x.unbind(dim=1)
+        o = varlen_attention(qs, ks, vs, cu, length)  # [n*L, H/g, D]
+        y = o.index_select(0, scatter).view(g, n * C, hg, D)
+        return y.movedim(0, 1).reshape(n * C, H, D)
 
     return attn
 

@@ -71,7 +71,17 @@ def spans_nodes(layout: BagLayout, gpus_per_node: int) -> bool:
 def _spec_for(counts: dict[int, int], world: int, gpus_per_node: int) -> str | None:
     """Spec with ``counts[g]`` bags of size g (ascending sizes, else descending) that covers
     ``world`` GPUs with no bag crossing a node; None if impossible."""
-    terms = [(g, n) for g, n in sorted(counts.items()) if n > 0]
+    return _spec_for_terms(
+        tuple((g, n) for g, n in sorted(counts.items()) if n > 0), world, gpus_per_node
+    )
+
+
+@lru_cache(maxsize=4096)
+def _spec_for_terms(
+    terms: tuple[tuple[int, int], ...], world: int, gpus_per_node: int
+) -> str | None:
+    """:func:`_spec_for` on sorted ``(g, n)`` terms (cached: the same few bag counts come up at
+    every step)."""
     if not terms or sum(g * n for g, n in terms) != world:
         return None
     for ordered in (terms, terms[::-1]):
@@ -97,14 +107,17 @@ def candidate_specs(
     cost: CostModel,
     level: float | None = None,
     table: CostTable | None = None,
+    flat: np.ndarray | None = None,
 ) -> list[str]:
     """Homogeneous layouts plus data-driven mixes of g1 bags and larger bags.
 
     ``level`` is the per-GPU load the mixes are sized for (default: perfect balance, or the
     longest sequence's best cost if higher); a second pass at the best makespan found is
-    how all-to-all overheads enter the sizing. ``table``: the step's cost table, if built."""
+    how all-to-all overheads enter the sizing. ``table``: the step's cost table, if built;
+    ``flat``: the lengths as ``validate_lengths`` flattens them, if already done."""
     sizes = allowed_bag_sizes(world_size, num_heads, gpus_per_node)
-    flat, _ = validate_lengths(lengths, world_size)
+    if flat is None:
+        flat, _ = validate_lengths(lengths, world_size)
     specs: list[str] = []
 
     def add(counts: dict[int, int]) -> None:
@@ -207,6 +220,7 @@ class _Step:
         self._size_bounds: dict[tuple[int, ...], float] = {}
         self._by_ratio: tuple[np.ndarray, np.ndarray] | None = None
         self._sp_floors: dict[tuple[int, float], float] = {}
+        self._bag_counts: dict[str, tuple[int, int]] = {}
         self._bags: dict[str, list[np.ndarray]] = {}  # evaluated plans, one per replica
         self._plans: dict[str, list[tuple[int, Problem, np.ndarray, float]]] = {}
 
@@ -279,10 +293,8 @@ class _Step:
         makespan is at most ``level``. Its n1 one-GPU bags hold at most ``n1 * level`` of cost
         t(L, 1), and only sequences with t(L, 1) <= level: the most tokens that fit are bounded
         by the fractional knapsack (sequences by tokens per cost, the last one split)."""
-        sizes = self.layout(spec).bag_sizes
-        tot = self.total_tokens
-        n1 = sum(1 for g in sizes if g == 1)
-        if tot == 0 or n1 == len(sizes):
+        n1, nbags = self._one_gpu_bags(spec)
+        if self.total_tokens == 0 or n1 == nbags:
             return 0.0
         if n1 == 0:
             return 1.0
@@ -290,6 +302,15 @@ class _Step:
         if key not in self._sp_floors:
             self._sp_floors[key] = self._sp_floor(n1, level)
         return self._sp_floors[key]
+
+    def _one_gpu_bags(self, spec: str) -> tuple[int, int]:
+        """(one-GPU bags, all bags) of ``spec`` (cached: asked for every pending spec at
+        every choice of the next candidate)."""
+        got = self._bag_counts.get(spec)
+        if got is None:
+            sizes = self.layout(spec).bag_sizes
+            got = self._bag_counts[spec] = (sizes.count(1), len(sizes))
+        return got
 
     def _sp_floor(self, n1: int, level: float) -> float:
         tot = self.total_tokens
@@ -542,6 +563,7 @@ def local_ordering(
     cost: CostModel,
     level: float,
     table: CostTable | None = None,
+    validated: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> str:
     """The same bags in a node-respecting order that keeps more tokens home.
 
@@ -549,7 +571,8 @@ def local_ordering(
     the largest gain over the worst node for that chunk type) to maximise the tokens each
     node's bags could keep from their own ranks under ``level``. A trailing partial node stays
     last. Returns ``spec`` itself when nothing better is found. ``table``: the step's cost
-    table over (at least) the spec's bag sizes, if already built."""
+    table over (at least) the spec's bag sizes, if already built; ``validated``: ``(flat,
+    src)`` from ``validate_lengths``, if already done."""
     world = len(lengths)
     bags = [g for g, n in parse_terms(spec) for _ in range(n)]
     chunks: list[tuple[int, ...]] = []
@@ -568,7 +591,7 @@ def local_ordering(
     if len(types) < 2:
         return spec
     nodes = len(chunks)
-    flat, src = validate_lengths(lengths, world)
+    flat, src = validated if validated is not None else validate_lengths(lengths, world)
     if table is None or table.columns(np.asarray(sorted(set(bags)), dtype=np.int64)) is None:
         table = CostTable.build(cost, flat, set(bags))
     kept = _KeptTokens(flat, src, table, world)
@@ -654,7 +677,7 @@ def choose_layout(
     step = _Step(lengths, world_size, num_heads, cost, sorted(sizes | used))
     if candidates is None:
         specs = candidate_specs(
-            lengths, world_size, num_heads, gpus_per_node, cost, table=step.table
+            lengths, world_size, num_heads, gpus_per_node, cost, table=step.table, flat=step.flat
         )
     if cur is not None and cur not in specs:
         specs.append(cur)
@@ -671,7 +694,14 @@ def choose_layout(
         reached = step.quick_makespan(cur)
         if candidates is None:
             more = candidate_specs(
-                lengths, world_size, num_heads, gpus_per_node, cost, reached * 1.000001, step.table
+                lengths,
+                world_size,
+                num_heads,
+                gpus_per_node,
+                cost,
+                reached * 1.000001,
+                step.table,
+                step.flat,
             )
             specs += [s for s in more if s not in specs]
         threshold = reached * (1.0 - hysteresis)
@@ -684,7 +714,7 @@ def choose_layout(
         more = [
             s
             for s in candidate_specs(
-                lengths, world_size, num_heads, gpus_per_node, cost, reached, step.table
+                lengths, world_size, num_heads, gpus_per_node, cost, reached, step.table, step.flat
             )
             if s not in specs
         ]
@@ -694,7 +724,13 @@ def choose_layout(
     winner = _pick(evaluated)
     # the same bags in another node order may keep more tokens on their source ranks
     local = local_ordering(
-        winner.spec, lengths, gpus_per_node, cost, winner.makespan, table=step.table
+        winner.spec,
+        lengths,
+        gpus_per_node,
+        cost,
+        winner.makespan,
+        table=step.table,
+        validated=(step.flat, step.src),
     )
     if local != winner.spec and all(c.spec != local for c in evaluated):
         evaluated.append(step.evaluate(local, like=winner.spec))

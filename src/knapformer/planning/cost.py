@@ -2,12 +2,17 @@
 
 ``a``/``b`` are the linear (projections, MLP) and quadratic (attention) compute terms, split
 evenly over the ``g`` GPUs of a bag; ``c`` models the Ulysses all-to-all traffic (the share
-``(g-1)/g`` of a chunk that leaves each GPU) and ``e`` a fixed per-sequence overhead.
+``(g-1)/g`` of a chunk that leaves each GPU) and ``e`` a fixed per-sequence overhead, paid by every
+GPU of the bag (each runs one attention call per sequence of its bag).
 
-The formula lives here only: :func:`cost_terms` gives its four basis columns,
-:meth:`CostModel.t` combines them, and :meth:`CostModel.table` is the per-sequence x bag-size
-table that the solvers, the auto-layout chooser, the simulator (through the planner), the fit
-and the calibration all use.
+``f`` and ``u`` are apart from ``t``: fixed costs of a step that a rank pays whatever sequences
+it holds. ``f`` is paid by every rank (the per-call overheads of the blocks); ``u * (g-1)/g`` by
+every rank of a ``g``-bag (the Ulysses exchange's per-call overheads: the agreement all-gathers,
+the all-to-all calls, the relayout copies' calls). Neither depends on which sequences a bag gets,
+so for a given layout they never change which plan is best and the solvers do not see them (their
+lower bounds stay valid: they only add to every plan's loads); they belong to a rank's modelled
+time (:meth:`CostModel.rank_time`), so that modelled ratios (max/mean, speedups) are not
+overstated.
 """
 
 from __future__ import annotations
@@ -61,10 +66,12 @@ class CostModel:
     c: float = 0.0
     e: float = 0.0
     name: str = "custom"
+    f: float = 0.0  # per rank and step, outside t (see the module docstring)
+    u: float = 0.0  # per rank of a g-bag and step: u * (g-1)/g, outside t
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for k in ("a", "b", "c", "e"):
+        for k in ("a", "b", "c", "e", "f", "u"):
             v = getattr(self, k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise CostModelError(f"cost coefficient {k} must be a finite number, got {v!r}")
@@ -127,6 +134,18 @@ class CostModel:
         g = np.asarray(sizes, dtype=np.float64).reshape(1, -1)
         return np.asarray(self.t(L, g), dtype=np.float64).reshape(L.shape[0], g.shape[1])
 
+    def bag_overhead(self, g: Any) -> Any:
+        """Per-step fixed cost of a rank in a ``g``-GPU bag: ``u * (g-1)/g`` (0 for ``g = 1``)."""
+        g_arr = np.asarray(g, dtype=np.float64)
+        out = self.u * (g_arr - 1.0) / g_arr
+        return out if out.ndim else float(out)
+
+    def rank_time(self, load: Any, g: Any = 1) -> Any:
+        """Modelled step time of a rank whose sequences cost ``load`` (a sum of ``t``) in a
+        ``g``-GPU bag: ``load + f + u * (g-1)/g``."""
+        out = np.asarray(load, dtype=np.float64) + self.f + np.asarray(self.bag_overhead(g))
+        return out if out.ndim else float(out)
+
     def work(self, L: Any, g: Any = 1) -> Any:
         """GPU-time of the sequence summed over the bag: ``g * t(L, g)``."""
         g_arr = np.asarray(g, dtype=np.float64)
@@ -143,13 +162,23 @@ class CostModel:
             self.c + other.c,
             self.e + other.e,
             name=f"{self.name}+{other.name}",
+            f=self.f + other.f,
+            u=self.u + other.u,
         )
 
     def scaled(self, k: float) -> CostModel:
         """E.g. ``block.scaled(57)`` for 57 identical blocks."""
         if k < 0:
             raise CostModelError("scale must be >= 0")
-        return CostModel(self.a * k, self.b * k, self.c * k, self.e * k, name=f"{k:g}*{self.name}")
+        return CostModel(
+            self.a * k,
+            self.b * k,
+            self.c * k,
+            self.e * k,
+            name=f"{k:g}*{self.name}",
+            f=self.f * k,
+            u=self.u * k,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -169,6 +198,8 @@ class CostModel:
                 b=d["b"],
                 c=d.get("c", 0.0),
                 e=d.get("e", 0.0),
+                f=d.get("f", 0.0),  # (profiles written before f and u existed have neither)
+                u=d.get("u", 0.0),
                 name=str(d.get("name", "profile")),
                 meta=dict(d.get("meta", {})),
             )

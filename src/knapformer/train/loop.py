@@ -89,7 +89,7 @@ def build_cost(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> tu
         lo = max(bags[-1], 16)
         lengths = np.unique(np.geomspace(lo, max(longest, 4 * lo), 10).astype(int)).tolist()
         costs = calibrate_blocks(
-            mcfg, lengths, bags, repeats=5, dtype=_DTYPES[cfg.train.dtype], log=log
+            mcfg, lengths, bags, repeats=5, min_time_s=0.1, dtype=_DTYPES[cfg.train.dtype], log=log
         )
         payload[0] = (costs.total.to_dict(), costs.summary())
     dist.broadcast_object_list(payload, src=0)
@@ -169,15 +169,17 @@ def train_step(
     optim.step()
     optim.zero_grad(set_to_none=True)
     tokens = balancer.tables.num_balanced_tokens if plan is not None else batch.num_tokens
-    # Modelled per-rank loads over the whole world (a replicated layout's plan covers only this
-    # rank's replica, replicas being contiguous blocks of ranks).
-    before = float(np.sum(cost.t(np.asarray(batch.seq_lens, dtype=np.float64))))
+    # Modelled per-rank step times over the whole world: the planner's load plus the fixed costs
+    # a rank pays whatever it holds (``CostModel.rank_time``: f, and u for a rank of a g > 1 bag).
+    # A replicated layout's plan covers only this rank's replica (contiguous blocks of ranks).
+    before = cost.rank_time(float(np.sum(cost.t(np.asarray(batch.seq_lens, dtype=np.float64)))))
     after = before
     if plan is not None:
         loads = np.asarray(plan.load_after, dtype=np.float64)
-        after = float(loads[balancer.rank % loads.size])
+        after = cost.rank_time(float(loads[balancer.rank % loads.size]), balancer.bag_size)
+    bag = balancer.bag_size if plan is not None else 1
     stats = torch.tensor(
-        [cpu1 - cpu0, wall1 - wall0, float(tokens), float(sq.detach()), before, after],
+        [cpu1 - cpu0, wall1 - wall0, float(tokens), float(sq.detach()), before, after, bag],
         dtype=torch.float64,
         device=device,
     )
@@ -207,6 +209,7 @@ def train_step(
         "modelled_max_over_mean": float(load_after.max()) / mean,
         "modelled_unbalanced_max_over_mean": float(load_before.max()) / mean,
         "rank_modelled_load": load_after.tolist(),
+        "rank_bag_size": [int(x) for x in st[:, 6]],
         **extra,
     }
 
@@ -232,6 +235,12 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
         say(f"calibrated cost model, held-out MAPE per block type: {calib['heldout_mape_percent']}")
 
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+    if calib is not None and cfg.balance.balancer.strip().lower() != "none":
+        from knapformer.train.costs import measure_bag_overhead
+
+        cost, bag = measure_bag_overhead(cfg, cost, mesh, device)
+        if bag["unmodelled_s"]:
+            say(f"measured per-rank fixed cost of a g-bag: {cost.u * 1e3:.1f} ms * (g-1)/g")
     model, balancer, optim = build_run(cfg, cost, mesh, device)
 
     start = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,18 +30,37 @@ def simple_lower_bound(p: Problem) -> float:
     return float(max(work.sum() / p.num_gpus, _row_reduce(p.tg, np.minimum).max()))
 
 
-def _class_subsets(k: int) -> list[np.ndarray]:
+@lru_cache(maxsize=16)
+def _class_subsets(k: int) -> tuple[np.ndarray, ...]:
+    """The proper non-empty class subsets the bound tests, as bool masks (read-only: cached)."""
     if k <= 6:
-        return [
+        out = [
             np.asarray([(m >> j) & 1 for j in range(k)], dtype=bool) for m in range(1, (1 << k) - 1)
         ]
-    # Many classes: only "sizes >= g" and "sizes <= g" sets (still valid, cheaper).
-    out = []
-    for j in range(1, k):
-        mask = np.arange(k) >= j
-        out.append(mask)
-        out.append(~mask)
-    return out
+    else:
+        # Many classes: only "sizes >= g" and "sizes <= g" sets (still valid, cheaper).
+        out = []
+        for j in range(1, k):
+            mask = np.arange(k) >= j
+            out.append(mask)
+            out.append(~mask)
+    for m in out:
+        m.setflags(write=False)
+    return tuple(out)
+
+
+class _Pattern:
+    """What the restricted-capacity test needs for one set of allowed (sequence, class) pairs:
+    the work each class subset must take, the subsets with members, and the members (with
+    their per-class cost prefix sums, filled in on first use)."""
+
+    __slots__ = ("inside_only", "need", "qs", "sums")
+
+    def __init__(self, need: np.ndarray, qs: list[int], inside_only: np.ndarray) -> None:
+        self.need = need
+        self.qs = qs
+        self.inside_only = inside_only
+        self.sums: dict[int, dict[int, np.ndarray]] = {}
 
 
 def lower_bound(p: Problem, rel_tol: float = 1e-6) -> float:
@@ -71,34 +91,52 @@ def lower_bound(p: Problem, rel_tol: float = 1e-6) -> float:
     bags_per_class = np.bincount(p.cls, minlength=K)
     # counting test per class k: candidates sorted by their cost in k
     order_k = [tc[:, k].argsort(kind="stable") for k in range(K)]
+    all_members = np.ones(tc.shape[0], dtype=bool)
     all_q = np.ones(K, dtype=bool)
+    # Everything but the comparisons with x depends only on which (sequence, class) pairs x
+    # allows: the bisection keeps it per such pattern (its later steps mostly repeat one).
+    patterns: dict[bytes, _Pattern | None] = {}
 
-    def too_many(x: float, members: np.ndarray, q: np.ndarray) -> bool:
+    def pattern(x: float) -> _Pattern | None:
+        allowed = tc <= x  # [m, K]
+        key = allowed.tobytes()
+        if key not in patterns:
+            if not allowed.any(axis=1).all():
+                patterns[key] = None  # some sequence fits nowhere: refuted
+            else:
+                w = np.where(allowed, wc, np.inf).min(axis=1)  # [m]
+                # a sequence counts for Q iff none of its allowed classes lies outside Q
+                inside_only = ~(allowed[:, None, :] & notq[None, :, :]).any(axis=2)  # [m, Q]
+                qs = inside_only.any(axis=0).nonzero()[0].tolist()
+                patterns[key] = _Pattern(w @ inside_only, qs, inside_only)
+        return patterns[key]
+
+    def too_many(x: float, members: np.ndarray, q: np.ndarray, sums: dict) -> bool:
         need = int(members.sum())
         room = 0
         for k in q.nonzero()[0].tolist():
-            vals = tc[order_k[k], k][members[order_k[k]]]  # ascending
-            room += int(bags_per_class[k]) * int(
-                vals.cumsum().searchsorted(x * (1 + 1e-12), side="right")
-            )
+            cs = sums.get(k)
+            if cs is None:
+                vals = tc[order_k[k], k][members[order_k[k]]]  # ascending
+                cs = sums[k] = vals.cumsum()
+            room += int(bags_per_class[k]) * int(cs.searchsorted(x * (1 + 1e-12), side="right"))
             if room >= need:
                 return False
         return True
 
+    sums_all: dict[int, np.ndarray] = {}
+
     def refuted(x: float) -> bool:
-        allowed = tc <= x  # [m, K]
-        if not allowed.any(axis=1).all():
+        pat = pattern(x)
+        if pat is None:
             return True
-        w = np.where(allowed, wc, np.inf).min(axis=1)  # [m]
-        # a sequence counts for Q iff none of its allowed classes lies outside Q
-        inside_only = ~(allowed[:, None, :] & notq[None, :, :]).any(axis=2)  # [m, Q]
-        need = w @ inside_only
-        if (need > x * caps * (1 + 1e-12)).any():
+        if (pat.need > x * caps * (1 + 1e-12)).any():
             return True
-        for qi in inside_only.any(axis=0).nonzero()[0].tolist():
-            if too_many(x, inside_only[:, qi], subsets[qi]):
+        for qi in pat.qs:
+            sums = pat.sums.setdefault(qi, {})
+            if too_many(x, pat.inside_only[:, qi], subsets[qi], sums):
                 return True
-        return too_many(x, np.ones(tc.shape[0], dtype=bool), all_q)
+        return too_many(x, all_members, all_q, sums_all)
 
     lo = lb0
     if not refuted(lo):

@@ -67,6 +67,7 @@ def solve(
     seq_cost1: np.ndarray | None = np.zeros(lengths.shape[0])
     lb = 0.0
     infos: list[dict[str, Any]] = []
+    spans: list[float] = []  # every replica's makespan (exact loads, as plan_step sums them)
     bounds = src.searchsorted(np.arange(0, layout.world_size + 1, group))
     problems = []
     for r in range(layout.num_replicas):
@@ -101,6 +102,7 @@ def solve(
             else:
                 seq_cost1 = None
         ms = _makespan(np.bincount(local, weights=w, minlength=p.num_bags))
+        spans.append(ms)
         rlb = p.lb
         dual = info.get("mip_dual_bound")
         if info.get("optimal") and p.n:
@@ -110,7 +112,7 @@ def solve(
         lb = max(lb, rlb)
         infos.append(info)
     if name == DEFAULT_SOLVER and options.get("guard", True):
-        _enforce_guarantee(problems, bag, seq_cost, bounds, kb, options)
+        _enforce_guarantee(problems, spans, bag, seq_cost, bounds, kb, options)
     merged: dict[str, Any] = {}
     if infos:
         for key in sorted({k for i in infos for k in i}):
@@ -151,6 +153,7 @@ def solver_names() -> list[str]:
 
 def _enforce_guarantee(
     problems: list[Problem],
+    spans: list[float],
     bag: np.ndarray,
     seq_cost: np.ndarray,
     bounds: np.ndarray,
@@ -160,7 +163,8 @@ def _enforce_guarantee(
     """Never worse than ``reference``, over the whole step and with no tolerance: a replica
     whose makespan (exact loads, as ``plan_step`` sums them) is above the reference step's
     makespan gets its reference plan. (Replicas may be balanced only down to the heaviest
-    replica's bound, so the comparison is with the reference step, not replica by replica.)"""
+    replica's bound, so the comparison is with the reference step, not replica by replica.)
+    ``spans``: every replica's makespan, from the same exact loads."""
     if float(options.get("locality_slack", 0.0)) != 0.0:
         return  # the caller asked to trade makespan for locality
     refs = [reference_plan(p) if p.n else None for p in problems]
@@ -170,9 +174,8 @@ def _enforce_guarantee(
     for r, (p, ref) in enumerate(zip(problems, refs, strict=True)):
         if ref is None:
             continue
-        a, b = int(bounds[r]), int(bounds[r + 1])
-        local = bag[a:b] - r * kb
-        if _makespan(p.bag_loads(local)) > step_ref:
+        if spans[r] > step_ref:
+            a, b = int(bounds[r]), int(bounds[r + 1])
             bag[a:b] = ref[0] + r * kb
             seq_cost[a:b] = p.seq_cost(ref[0])
 

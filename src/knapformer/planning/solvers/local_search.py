@@ -65,13 +65,16 @@ def _pair_round(
     if items_h.size == 0:
         return 0
     jh = pb[items_h]
-    h, c = hot[jh], cold[jh]
+    # per-pair values, gathered per item below (the same numbers as gathering per item)
+    load_h, load_c = load[hot], load[cold]
+    cls_h, cls_c = cls[hot], cls[cold]
     K = tg.shape[1]
     tgf = tg.ravel()  # flat takes are cheaper than 2-D fancy indexing
     # moves of an item from its hot bag to the paired cold bag
-    mv = np.maximum(load[h] - tgf[items_h * K + cls[h]], load[c] + tgf[items_h * K + cls[c]])
+    iK = items_h * K
+    mv = np.maximum(load_h[jh] - tgf[iK + cls_h[jh]], load_c[jh] + tgf[iK + cls_c[jh]])
     if budget is not None:
-        mv[toks[c] + tokk[items_h, cls[c]] > budget] = np.inf
+        mv[toks[cold[jh]] + tokk[items_h, cls_c[jh]] > budget] = np.inf
     best = np.full(npair, np.inf)
     np.minimum.at(best, jh, mv)
     # swaps with an item of the paired cold bag. Small instances: every pair of items. Large
@@ -79,18 +82,18 @@ def _pair_round(
     # w_u = w_i - d* where d* equalises the two bags; the ``nb`` cold items nearest that
     # target (binary search) are evaluated exactly.
     # Pairs that a move already improves skip the swap search (cheap early rounds).
-    need = best >= load[hot] * (1.0 - 1e-12)
+    need = best >= load_h * (1.0 - 1e-12)
     pb = pair_c[bag]
     items_c = (pb >= 0).nonzero()[0]
     jc = pb[items_c]
     if need.all():
-        ih_all, jh_s, h_s, c_s = items_h, jh, h, c
+        ih_all, jh_s = items_h, jh
     else:
         if items_c.size:
             sel = need[jc]
             items_c, jc = items_c[sel], jc[sel]
         keep_h = need[jh]
-        ih_all, jh_s, h_s, c_s = items_h[keep_h], jh[keep_h], h[keep_h], c[keep_h]
+        ih_all, jh_s = items_h[keep_h], jh[keep_h]
     # Swap candidates as rows (hot item ri of pair rj) x columns (cold partners u2d, valid
     # where ok2d): per-row values are gathered once per row, not once per candidate.
     ri = rj = u2d = ok2d = None
@@ -118,9 +121,9 @@ def _pair_round(
             keys, items_c_s = keys[o], items_c[o]
             lo_j = keys.searchsorted(np.arange(npair), side="left")
             hi_j = keys.searchsorted(np.arange(npair) + 1.0, side="left")
-            gh = p.sizes[h_s].astype(np.float64)
-            gc = p.sizes[c_s].astype(np.float64)
-            dstar = (load[h_s] - load[c_s]) / (1.0 / gh + 1.0 / gc)
+            gh = p.sizes[hot].astype(np.float64)
+            gc = p.sizes[cold].astype(np.float64)
+            dstar = ((load_h - load_c) / (1.0 / gh + 1.0 / gc))[jh_s]
             useful = w[ih_all] > dstar  # otherwise even the smallest partner overshoots
             ih, jj = ih_all[useful], jh_s[useful]
             want = jj + (w[ih] - dstar[useful]) / scale
@@ -130,18 +133,19 @@ def _pair_round(
             ok = (cand >= lo_j[jj][:, None]) & (cand < hi_j[jj][:, None])
             if ok.any():
                 ri, rj, ok2d = ih, jj, ok
-                u2d = items_c_s[cand.clip(0, keys.size - 1)]
+                # (minimum/maximum: the same as clip, without its wrapper's overhead)
+                u2d = items_c_s[np.minimum(np.maximum(cand, 0), keys.size - 1)]
     sw2d = None
     if ri is not None:
         assert rj is not None and u2d is not None
-        hh, cc = hot[rj], cold[rj]
-        khh, kcc = cls[hh], cls[cc]
+        khh, kcc = cls_h[rj], cls_c[rj]
         iK, uK = ri * K, u2d * K
         sw2d = np.maximum(
-            (load[hh] - tgf[iK + khh])[:, None] + tgf[uK + khh[:, None]],
-            (load[cc][:, None] - tgf[uK + kcc[:, None]]) + tgf[iK + kcc][:, None],
+            (load_h[rj] - tgf[iK + khh])[:, None] + tgf[uK + khh[:, None]],
+            (load_c[rj][:, None] - tgf[uK + kcc[:, None]]) + tgf[iK + kcc][:, None],
         )
         if budget is not None:
+            hh, cc = hot[rj], cold[rj]
             tkf = tokk.ravel()
             bad = (toks[hh] - tkf[iK + khh])[:, None] + tkf[uK + khh[:, None]] > budget
             bad |= (toks[cc][:, None] - tkf[uK + kcc[:, None]]) + tkf[iK + kcc][:, None] > budget
@@ -149,7 +153,7 @@ def _pair_round(
         if ok2d is not None:
             sw2d[~ok2d] = np.inf  # (never a pair's best: inf does not improve anything)
         np.minimum.at(best, rj, _row_reduce(sw2d, np.minimum))
-    improved = best < load[hot] * (1.0 - 1e-12)
+    improved = best < load_h * (1.0 - 1e-12)
     if not improved.any():
         return 0
     # apply (vectorised; pairs share no bag) the first candidate of each improved pair that

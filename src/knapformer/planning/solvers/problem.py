@@ -147,7 +147,12 @@ class Problem:
         """[n] per-GPU cost of every sequence in its bag."""
         if self.n == 0:
             return np.zeros(0)
-        return self.tg.ravel()[np.arange(self.n) * self.tg.shape[1] + self.cls[bag]]
+        return self.tg.ravel()[self._row_starts + self.cls[bag]]
+
+    @cached_property
+    def _row_starts(self) -> np.ndarray:
+        """[n] flat index of every row of ``tg`` (``tg.ravel()[_row_starts + k]`` is column k)."""
+        return np.arange(self.n) * self.tg.shape[1]
 
     def bag_tokens(self, bag: np.ndarray) -> np.ndarray:
         if self.n == 0:
@@ -249,6 +254,8 @@ def build_problem(
     tg = table.columns(class_sizes) if table is not None else None
     if tg is None:
         tg = cost_table(cost, lengths, class_sizes)
+    # row-major: the solvers read it through flat views (``ravel`` would copy every time)
+    tg = np.ascontiguousarray(tg)
     return Problem(
         lengths=lengths,
         home=home,
