@@ -305,3 +305,24 @@ def test_safetensors_weights_of_another_architecture_are_named(tmp_path):
     path.write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
         load_weights(path)
+
+
+def test_faint_normals_take_the_side_of_their_own_sheet():
+    """Two parallel sheets (the near and far walls of a thin part), normals +z and -z, well seen;
+    faintly seen Gaussians whose vote went to the wrong side are turned back to their sheet's
+    side, and the far wall does not turn the near wall's Gaussians."""
+    from splatpainter.model.hypotheses import orient_by_neighbours
+
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(800, 2, generator=g)
+    z = torch.where(torch.arange(800) < 400, 0.0, 0.05)  # spacing ~0.035, walls 0.05 apart
+    means = torch.cat([xy, z[:, None]], -1)
+    truth = torch.where(z[:, None] == 0, torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.0, 0, -1]))
+    trusted = torch.rand(800, generator=g) > 0.2
+    wrong = ~trusted & (torch.rand(800, generator=g) > 0.5)
+    given = torch.where(wrong[:, None], -truth, truth)
+    log_scales = torch.full((800, 3), -5.0)
+    out = orient_by_neighbours(given, means, trusted, log_scales)
+    assert int(wrong.sum()) > 20
+    assert torch.equal(out, truth)
+    assert torch.equal(out[trusted], given[trusted])  # trusted ones are never turned

@@ -29,6 +29,12 @@ BIN_STATS_DIM = 2
 COLOR_BINS = 6
 
 
+# A Gaussian the views see with less compositing weight than this (pixels, summed) is seen only
+# through the surface in front of it: its own vote for a side is not to be trusted.
+NORMAL_MIN_WEIGHT = 0.2
+NORMAL_NEIGHBOURS = 16  # trusted neighbours that orient a faintly seen Gaussian
+
+
 def estimate_normals(
     quats: torch.Tensor,
     log_scales: torch.Tensor,
@@ -37,21 +43,58 @@ def estimate_normals(
     view_centers: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Unit normals [N, 3]: each Gaussian's shortest axis, oriented toward the views that see it
-    (weights [V, N], camera centres [V, 3]), or away from the asset centre when none does."""
+    (weights [V, N], camera centres [V, 3]), or away from the asset centre when none does.
+
+    A flat Gaussian behind a semi-transparent surface is seen faintly and from its back, so it
+    would vote for the wrong side; it takes the side of the well-seen Gaussians of its own sheet
+    instead (`orient_by_neighbours`)."""
     from splatpainter.assets.gaussians import quat_to_rotmat
 
     rot = quat_to_rotmat(torch.nn.functional.normalize(quats, dim=-1))
     axis = log_scales.argmin(-1)
     n = torch.gather(rot, 2, axis[:, None, None].expand(-1, 3, 1))[..., 0]
     vote = torch.zeros_like(n[:, 0])
+    seen = torch.zeros_like(vote)
     if view_weights is not None and view_centers is not None and view_weights.numel():
         to_cam = view_centers[:, None, :].to(means) - means[None]  # [V, N, 3]
         facing = torch.sign((to_cam * n[None]).sum(-1))
         vote = (facing * view_weights.to(means)).sum(0)
+        seen = view_weights.to(means).sum(0)
     outward = torch.sign(((means - means.mean(0)) * n).sum(-1))
     sign = torch.where(vote != 0, torch.sign(vote), outward)
     sign = torch.where(sign == 0, torch.ones_like(sign), sign)
-    return n * sign[:, None]
+    n = n * sign[:, None]
+    if view_weights is not None and view_weights.numel():
+        n = orient_by_neighbours(n, means, seen >= NORMAL_MIN_WEIGHT, log_scales)
+    return n
+
+
+def orient_by_neighbours(
+    n: torch.Tensor, means: torch.Tensor, trusted: torch.Tensor, log_scales: torch.Tensor
+) -> torch.Tensor:
+    """Flip each untrusted normal that disagrees with its nearest trusted neighbours on the same
+    sheet: nearly parallel normals (|cos| > 0.8) and an offset along the normal of at most a
+    quarter of the distance (the far wall of a thin part lies above, not beside)."""
+    faint = (~trusted).nonzero().squeeze(1)
+    good = trusted.nonzero().squeeze(1)
+    if faint.numel() == 0 or good.numel() == 0:
+        return n
+    k = min(NORMAL_NEIGHBOURS, good.numel())
+    out = n.clone()
+    pg, ng = means[good], n[good]
+    for chunk in faint.split(1024):
+        d = torch.cdist(means[chunk], pg)  # [F, T]
+        dist, j = d.topk(k, largest=False)
+        nj = ng[j]  # [F, k, 3]
+        ni = n[chunk][:, None, :]
+        cos = (nj * ni).sum(-1)
+        offset = ((pg[j] - means[chunk][:, None, :]) * ni).sum(-1).abs()
+        # on one (smooth) sheet a neighbour lies mostly beside; the far wall lies above
+        reach = 0.25 * dist + log_scales[chunk].exp().amin(-1)[:, None]
+        same_sheet = (cos.abs() > 0.8) & (offset <= reach)
+        agree = (torch.sign(cos) * same_sheet.to(cos.dtype)).sum(-1)
+        out[chunk] = torch.where((agree < 0)[:, None], -n[chunk], n[chunk])
+    return out
 
 
 def _ridge(x: torch.Tensor, t: torch.Tensor, w: torch.Tensor, prior: torch.Tensor, lam: float):
