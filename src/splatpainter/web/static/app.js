@@ -417,10 +417,15 @@ function setSession(info) {
   const draft = loadDraft();
   const { az, el, zoom, pan_x, pan_y } = info.view;
   sp.view = { az, el, zoom, pan_x, pan_y };
+  // Unapplied paint was made on its own view: come back to it (the page may have been left
+  // before the debounced view save reached the server).
+  const resume = draft && draft.index === info.index && draft.view;
+  if (resume) sp.view = { ...draft.view };
   sp.base = null; sp.frame = null;
   clearEdits();
   sp.info = null;
   showInfo(info);
+  if (resume) scheduleViewSave();
   restoreDraft(draft, info);
 }
 
