@@ -86,6 +86,7 @@ def gather_signals(
         wr += g2
         evidence.append(ViewEvidence(view, ref, mask))
     has = wm > 0
+    support = torch.where(wt > 0, wm / torch.where(wt > 0, wt, torch.ones_like(wt)), zeros)
     solved = affine = shading = None
     if solve_iters > 0:
         from splatpainter.assets.gaussians import sh_dc_to_rgb
@@ -111,7 +112,6 @@ def gather_signals(
             init = None
             if normals is not None:
                 normals = normals.to(colors)
-                support = torch.where(wt > 0, wm / wt.clamp_min(1e-12), zeros)
                 _, dif, light = fit_shading(colors, colors + solved, normals, wm * support)
                 init = dif * light
             affine, shading = fit_color_maps(
@@ -121,7 +121,7 @@ def gather_signals(
                 [ev.render for ev in evidence],
                 [ev.mask for ev in evidence],
                 colors,
-                normals if normals is not None else torch.zeros_like(colors),
+                normals,
                 contributing,
                 shading_init=init,
                 maps=fit_maps,
@@ -130,7 +130,7 @@ def gather_signals(
     signals = GaussianSignals(
         residual=torch.where(has[:, None], wr / safe[:, None], torch.zeros_like(wr)),
         abs_residual=torch.where(has, wa / safe, zeros),
-        support=torch.where(wt > 0, wm / torch.where(wt > 0, wt, torch.ones_like(wt)), zeros),
+        support=support,
         in_mask_weight=wm,
         weight=wt,
         solved=solved,

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import torch
 
+from splatpainter.model.hypotheses import ridge_solve
+from splatpainter.model.stage2 import COLOR_MAPS
+
 SOLVE_ITERS = 12  # projected FISTA steps (each: one render + colour backward per edit view)
 SOLVE_DAMPING = 1e-2  # lam, relative to the SIRT scaling D
 
@@ -122,9 +125,7 @@ ROBUST_SCALE = 4.0 / 255.0  # a pixel this far off counts half
 
 def _normal_solve(xtx: torch.Tensor, xty: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
     """argmin |X b - y|^2 + eps |b - prior|^2 from X^T X, X^T y (eps keeps it well posed)."""
-    eps = 1e-6 * (float(xtx.diagonal().sum()) + 1e-12)
-    eye = torch.eye(xtx.shape[0], dtype=xtx.dtype, device=xtx.device)
-    return torch.linalg.solve(xtx + eps * eye, xty + eps * prior)
+    return ridge_solve(xtx, xty, prior, 1e-6 * (float(xtx.diagonal().sum()) + 1e-12))
 
 
 def fit_color_maps(
@@ -134,10 +135,10 @@ def fit_color_maps(
     renders: list[torch.Tensor],
     masks: list[torch.Tensor],
     colors: torch.Tensor,
-    normals: torch.Tensor,
+    normals: torch.Tensor | None,
     contributing: list[torch.Tensor] | None = None,
     shading_init: torch.Tensor | None = None,
-    maps: tuple[str, ...] = ("affine", "shading"),
+    maps: tuple[str, ...] = COLOR_MAPS,
 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """The affine recolour [4, 3] and the shading (ambient, diffuse, light dir) that best
     reproduce the edit views' pixels, fitted in image space.
@@ -151,7 +152,7 @@ def fit_color_maps(
     except clipped ones; the recolour uses only pixels that changed.  shading_init [3]: a
     first guess of v (e.g. fitted to the solved per-Gaussian colours) for the first lit set.
     maps: which of the two to fit (the other comes back as None; both do when no masked pixel
-    is usable).
+    is usable).  normals [N, 3] are needed for the shading only.
     """
     a = asset.detach()
     dt = torch.float64
@@ -191,6 +192,8 @@ def fit_color_maps(
         if "affine" in maps:
             affine = _fit_affine(views, both).to(colors.dtype)
         if "shading" in maps:
+            if normals is None:
+                raise ValueError("fitting the shading needs the Gaussians' normals")
             av_ = _fit_shading(views, base, render_of, c, normals.to(dt), shading_init)
             d = av_[1:].norm()
             light = av_[1:] / d.clamp_min(1e-12)

@@ -97,12 +97,18 @@ def orient_by_neighbours(
     return out
 
 
+def ridge_solve(
+    xtx: torch.Tensor, xty: torch.Tensor, prior: torch.Tensor, reg: float
+) -> torch.Tensor:
+    """argmin_B |X B - T|^2 + reg |B - prior|^2 from the normal equations X^T X, X^T T."""
+    eye = torch.eye(xtx.shape[0], dtype=xtx.dtype, device=xtx.device)
+    return torch.linalg.solve(xtx + reg * eye, xty + reg * prior)
+
+
 def _ridge(x: torch.Tensor, t: torch.Tensor, w: torch.Tensor, prior: torch.Tensor, lam: float):
     """argmin_B sum_i w_i |x_i B - t_i|^2 + lam' |B - prior|^2 (lam' = lam * sum w + 1e-6)."""
     xw = x * w[:, None]
-    reg = lam * float(w.sum()) + 1e-6
-    eye = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
-    return torch.linalg.solve(xw.T @ x + reg * eye, xw.T @ t + reg * prior)
+    return ridge_solve(xw.T @ x, xw.T @ t, prior, lam * float(w.sum()) + 1e-6)
 
 
 def fit_affine(colors: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, lam: float = 1e-2):

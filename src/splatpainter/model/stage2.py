@@ -61,11 +61,14 @@ HINT_HYPOTHESES = {
 }
 
 
+COLOR_MAPS = ("affine", "shading")  # the hypotheses' maps that can be fitted to pixels
+
+
 def hint_maps(hint: str) -> tuple[str, ...]:
     """The colour maps ("affine", "shading") worth fitting to the edit views' pixels for a hint:
     those of the hypotheses it allows."""
     allowed = HINT_HYPOTHESES[hint][1:].tolist()
-    return tuple(m for m, ok in zip(("affine", "shading"), allowed, strict=True) if ok)
+    return tuple(m for m, ok in zip(COLOR_MAPS, allowed, strict=True) if ok)
 
 
 @dataclass

@@ -23,7 +23,13 @@ import torch
 from splatpainter.assets.gaussians import GaussianAsset
 from splatpainter.camera import Camera
 from splatpainter.model.stage1 import PreprocessViews, Stage1Config, render_preprocess_views
-from splatpainter.model.stage2 import EditSample, GaussianSignals, SignalSettings, hint_maps
+from splatpainter.model.stage2 import (
+    COLOR_MAPS,
+    EditSample,
+    GaussianSignals,
+    SignalSettings,
+    hint_maps,
+)
 from splatpainter.train.data import (
     HINT_OF_KIND,
     SequenceSpec,
@@ -32,7 +38,6 @@ from splatpainter.train.data import (
 )
 
 EXAMPLE_VERSION = 2  # 2: signals carry the least-squares solve
-ALL_MAPS = ("affine", "shading")  # cached with fit_maps; a step's hint picks what it may use
 
 
 def _render_rgb(asset: GaussianAsset, cams: list[Camera]) -> torch.Tensor:
@@ -70,7 +75,7 @@ def build_example(
             step.views,
             frame,
             settings=settings,
-            fit_maps=ALL_MAPS if settings.fit_maps else (),
+            fit_maps=COLOR_MAPS if settings.fit_maps else (),  # a step's hint picks later
         )
         gt = with_base_colors(seq.source, step.colors)
         edit_cam = step.views[0].camera.resized(loss_view_size, loss_view_size)
@@ -136,7 +141,7 @@ def example_sample(step: dict[str, Any], latent, hint: str) -> EditSample:
     """The editor's input for one cached step under `hint`; colour maps the hint would not have
     fitted at inference are dropped (fitted to the solved change instead), as there."""
     s = dict(step["signals"])
-    for name in ALL_MAPS:
+    for name in COLOR_MAPS:
         if name not in hint_maps(hint):
             s[name] = None
     return EditSample(
