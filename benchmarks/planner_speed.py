@@ -1,6 +1,11 @@
 """Planner speed and quality: everything the planner costs per step, and its guarantee.
 
-Usage: python benchmarks/planner_speed.py [--repeats R] [--exact N] [--json]
+Usage: python benchmarks/planner_speed.py [--repeats R] [--exact N] [--plain] [--json]
+
+The planner's hot loops are compiled numba kernels: ``kernels`` reports the one-off time to
+compile them (first run in an environment) or load them from numba's cache (later runs), spent
+once per process before anything is timed; every other figure is steady state. ``--plain``
+also times the plain Python/numpy loops (same plans) in the same run, for ratios.
 
 Sections (each printed as a table; ``--json`` prints one object):
 
@@ -37,6 +42,7 @@ import numpy as np
 
 from knapformer.distributed.autolayout import AutoLayout
 from knapformer.planning import DEFAULT_SOLVER, BagLayout, CostModel, plan_step
+from knapformer.planning.solvers import fast
 from knapformer.sim.datacodes import MIXTURES, parse_data_codes, resolve_mixture, sample_steps
 
 COST = CostModel.flops(3072, 1.0)
@@ -91,21 +97,25 @@ def _timed(fn, inner: int) -> tuple[Any, float, float, float]:
     return out, wall, cpu, best
 
 
-def speed(repeats: int, solvers: list[str], inner: int, tick) -> list[dict]:
+def speed(repeats: int, solvers: list[str], inner: int, tick, plain: bool) -> list[dict]:
     plan_step(synthetic_lengths(100, 8, 0), BagLayout.parse("g1n4+g2n2", 8), COST)  # warm-up
     rows = []
+    runs = [(s, k) for s in solvers for k in ((True, False) if plain else (True,))]
     for name, n, world, spec in CASES:
         layout = BagLayout.parse(spec, world, 24)
-        for solver in solvers:
+        for solver, kern in runs:
+            if not kern and n > 1000:
+                continue  # (plain versions: the 32-GPU cases are enough for the ratios)
             wall, cpu, best, plans = [], [], [], []
             for rep in range(repeats):
                 lengths = synthetic_lengths(n, world, seed=rep)
-                plan, w, c, b = _timed(
-                    lambda lengths=lengths, layout=layout, solver=solver: plan_step(
-                        lengths, layout, COST, solver=solver
-                    ),
-                    inner,
-                )
+                with fast.use_kernels(kern):
+                    plan, w, c, b = _timed(
+                        lambda lengths=lengths, layout=layout, solver=solver: plan_step(
+                            lengths, layout, COST, solver=solver
+                        ),
+                        inner,
+                    )
                 wall.append(w)
                 cpu.append(c)
                 best.append(b)
@@ -115,7 +125,8 @@ def speed(repeats: int, solvers: list[str], inner: int, tick) -> list[dict]:
                 {
                     "case": name,
                     "spec": spec,
-                    "solver": solver,
+                    "solver": solver if kern else f"{solver} (plain)",
+                    "compiled_kernels": kern and fast.kernels() is not None,
                     "num_sequences": n,
                     "world_size": world,
                     "median_ms": float(np.median(wall)),
@@ -179,7 +190,7 @@ def _cold_caches() -> None:
     problem._REPLICA_CACHE.clear()
 
 
-def auto_speed(steps: int, tick) -> list[dict]:
+def auto_speed(steps: int, tick, plain: bool) -> list[dict]:
     """Per-step auto decision on 32 GPUs (8 per node, 24 heads), FLUX-size cost.
 
     Steady state: the current layout kept from the previous step (the bounds show nothing
@@ -188,8 +199,12 @@ def auto_speed(steps: int, tick) -> list[dict]:
     runs from the same state (robust to other load), wall and thread CPU time."""
     cost = CostModel.flops(3072, 1.0).scaled(57)
     rows = []
-    for mixture in ("mixres", "joint"):
-        for k in (1, 3):
+    for mixture, k, kern in [
+        (m, k, kern) for m in ("mixres", "joint") for k in (1, 3) for kern in (True, False)
+    ]:
+        if not kern and not plain:
+            continue
+        with fast.use_kernels(kern):
             data = sample_steps(parse_data_codes(_scaled(mixture, k)), 32, steps + 1, seed=1)
             sched = AutoLayout(32, 24, 8, cost)
             sched.decide(data[0])
@@ -223,7 +238,8 @@ def auto_speed(steps: int, tick) -> list[dict]:
             tick()
             rows.append(
                 {
-                    "mixture": f"{mixture} x{k}",
+                    "mixture": f"{mixture} x{k}" + ("" if kern else " (plain)"),
+                    "compiled_kernels": kern and fast.kernels() is not None,
                     "num_sequences": sum(len(r) for r in data[0]),
                     "steady_median_ms": float(np.median(steady)),
                     "steady_median_cpu_ms": float(np.median(steady_cpu)),
@@ -232,6 +248,7 @@ def auto_speed(steps: int, tick) -> list[dict]:
                     "full_median_ms": float(np.median(full)),
                     "full_median_cpu_ms": float(np.median(full_cpu)),
                     "full_max_ms": float(np.max(full)),
+                    "full_max_cpu_ms": float(np.max(full_cpu)),
                     "full_warm_median_ms": float(np.median(warm)),
                     "layout": sched.current,
                 }
@@ -349,6 +366,23 @@ def exact_gap(instances: int) -> dict:
     }
 
 
+def kernel_warm_up() -> dict:
+    """Time :func:`fast.warm_up` in this fresh process: compiling the kernels (first run in an
+    environment) or loading them from numba's on-disk cache (every later run). It happens once
+    per process, before any timed planning; every figure below is steady state."""
+    t0 = time.perf_counter()
+    used = fast.warm_up()
+    s = time.perf_counter() - t0
+    if not used:
+        note = "not in use (numba missing or KNAPFORMER_PLANNER_KERNELS=0): plain loops"
+    else:
+        note = (
+            f"compiled or loaded from numba's cache in {s:.1f} s, once per process before the "
+            "timed runs (compiling happens once per environment, then the cache is loaded)"
+        )
+    return {"compiled": used, "warm_up_s": s, "note": note}
+
+
 def main() -> None:
     from rich.progress import Progress
 
@@ -359,23 +393,33 @@ def main() -> None:
     ap.add_argument("--guarantee", type=int, default=300, help="random steps for the guarantee")
     ap.add_argument("--auto-steps", type=int, default=20)
     ap.add_argument("--exact", type=int, default=0, help="small instances vs the exact solver")
+    ap.add_argument(
+        "--plain",
+        action="store_true",
+        help="also time the plain Python/numpy loops (no compiled kernels), for same-run ratios",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if min(args.repeats, args.inner, args.auto_steps) < 1 or args.guarantee < 0:
         ap.error("--repeats, --inner and --auto-steps must be >= 1, --guarantee >= 0")
     solvers = args.solvers.split(",")
-    total = len(CASES) * len(solvers) + args.guarantee // 20 + 4 + 1 + 2
+    total = len(CASES) * len(solvers) * (2 if args.plain else 1) + args.guarantee // 20 + 8 + 3
     with Progress(transient=True) as progress:
         task = progress.add_task("planner benchmarks", total=total)
 
         def tick() -> None:
             progress.advance(task)
 
+        progress.update(task, description="planner kernels (compiled on first use, then cached)")
         out: dict[str, Any] = {
             "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "speed": speed(args.repeats, solvers, args.inner, tick),
+            "kernels": kernel_warm_up(),
+        }
+        progress.update(task, description="planner benchmarks")
+        out |= {
+            "speed": speed(args.repeats, solvers, args.inner, tick, args.plain),
             "guarantee": guarantee(args.guarantee, tick),
-            "auto": auto_speed(args.auto_steps, tick),
+            "auto": auto_speed(args.auto_steps, tick, args.plain),
             "replica": replica_speed(max(1, args.repeats // 3), args.inner, tick),
             "groups": group_counts(4, tick),
             "cuda_sync": cuda_sync_check(),
@@ -385,6 +429,7 @@ def main() -> None:
         print(json.dumps(out, indent=2))
         return
     print(f"(1-min load average {out['load_average_1min']:.1f} on {os.cpu_count()} CPUs)")
+    print(f"planner kernels: {out['kernels']['note']}")
     print(
         f"{'case':32s} {'solver':12s} {'wall ms':>8s} {'cpu ms':>7s} {'best ms':>7s} "
         f"{'p90 ms':>7s} {'max/mean':>9s} {'gap':>8s} {'moved':>6s}"

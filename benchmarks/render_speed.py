@@ -11,10 +11,12 @@ package, so the ratios come from one run on the same machine state):
   everywhere, some within 0.2 m of the camera; INRIA-like statistics), 512x512, forward.
 - ``1m_1024``: the demo asset with 1M Gaussians, orbit camera, 1024x1024, forward.
 
-The two large scenes run in a child process per implementation so that each reports its own
-peak resident memory (``ru_maxrss``, which includes ~300 MB of imported torch/numba, and the
-high-water mark before the render, from building the scene), and in a third child ("ab")
-that runs old and new alternately for the timing ratio. Timings are the best and the median
+Each large scene is built once, in a process of its own, and saved to a temporary file. Each
+implementation then renders it in a child process that only loads the file, so that its peak
+resident memory (``ru_maxrss``; ``peak_bytes``, ``maxrss_mb`` in MiB) is the whole process:
+the interpreter with torch and numba (~300 MB), the scene's tensors and everything the render
+allocates (``maxrss_mb_before_render`` is the part before the first render). A third child
+("ab") runs old and new alternately for the timing ratio. Timings are the best and the median
 of --repeats runs after one warm-up (which also compiles), in wall and process-CPU time (all
 threads); on a shared CPU compare the interleaved old/new ratios, not the absolute figures.
 
@@ -269,26 +271,50 @@ def profile_stages(params, cam, repeats: int) -> dict[str, float]:
     v2d, vcon, vcol = per_g[:, 0:2].copy(), per_g[:, 2:5].copy(), per_g[:, 5:8].copy()
     vdep, vcomp = per_g[:, 9].copy(), np.zeros(n, np.float32)
     st["project_bwd"] = ms(
-        lambda: kproj.project_backward(*geo, *camargs, ext, v2d, vcon, vdep, vcomp)
+        lambda: kproj.project_backward(*geo, *camargs, ext, v2d, vcon, vdep, vcomp, False)
     )
     st["sh_bwd"] = ms(lambda: kproj.sh_backward(geo[0], sh32, campos, deg, shc, vis, vcol))
     st["visible_gaussians"] = float((ext[:, 0] > 0).sum())
     return st
 
 
-def child(scene: str, impl: str, rev: str, repeats: int, threads: int, sh_degree: int) -> dict:
+def build_scene(scene: str, sh_degree: int, path: str) -> None:
+    """Build a large scene and save it (``--build-scene``: in a process of its own, so that
+    the temporaries of building it are not part of the renderers' peak memory)."""
+    import dataclasses
+
+    import torch
+
+    if scene == "inside_512":
+        asset, cam = room_scene(1_000_000, 512, sh_degree)
+    else:
+        asset, cam = demo_scene(1_000_000, 1024, sh_degree)
+    names = ("means", "quats", "log_scales", "opacity_logits", "sh")
+    cam_fields = {f.name: getattr(cam, f.name) for f in dataclasses.fields(cam)}
+    torch.save(
+        {"params": {k: getattr(asset, k).detach() for k in names}, "camera": cam_fields}, path
+    )
+
+
+def load_scene(path: str):
+    """The saved scene's parameters (requiring grad, no copies) and camera."""
+    import torch
+
+    from splatpainter.camera import Camera
+
+    saved = torch.load(path, weights_only=True)
+    params = [t.requires_grad_(True) for t in saved["params"].values()]
+    return params, Camera(**saved["camera"])
+
+
+def child(scene_file: str, impl: str, rev: str, repeats: int, threads: int) -> dict:
     """One large scene with one implementation (run in its own process for its peak RSS)."""
     import numba
     import torch
 
     torch.set_num_threads(threads)
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    if scene == "inside_512":
-        asset, cam = room_scene(1_000_000, 512, sh_degree)
-    else:
-        asset, cam = demo_scene(1_000_000, 1024, sh_degree)
-    params = _params(asset)
-    del asset
+    params, cam = load_scene(scene_file)
     new = importlib.import_module("splatpainter.render")
     if impl == "ab":  # both renderers in one process, alternately: the timing ratio
         old = load_baseline(rev, baseline_dir(rev))
@@ -304,13 +330,15 @@ def child(scene: str, impl: str, rev: str, repeats: int, threads: int, sh_degree
     mod = load_baseline(rev, baseline_dir(rev)) if impl == "old" else new
     res: dict = {
         "rss_mb_before_render": _rss_now_mb(),
-        # the high-water mark so far (building a 1M scene has its own peak)
+        # the high-water mark so far: the interpreter, torch and numba, the loaded scene
         "maxrss_mb_before_render": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     with torch.no_grad():
         res["fwd"] = _times(lambda: _forward(mod, params, cam), repeats)
     res["intersections"] = intersections(mod, params, cam)
-    res["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    res["maxrss_mb"] = peak / 2**20
+    res["peak_bytes"] = peak
     if impl == "new":  # after the peak was read: the profile keeps extra buffers alive
         res["stages_ms"] = profile_stages(params, cam, 1)
     return res
@@ -337,11 +365,15 @@ def main() -> None:
     ap.add_argument("--baseline", default=BASELINE_REV, help="git revision to compare against")
     ap.add_argument("--skip-large", action="store_true", help="skip the two 1M scenes")
     ap.add_argument("--skip-reference", action="store_true")
-    ap.add_argument("--child", nargs=2, metavar=("SCENE", "IMPL"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=2, metavar=("SCENE_FILE", "IMPL"), help=argparse.SUPPRESS)
+    ap.add_argument("--build-scene", nargs=2, metavar=("SCENE", "FILE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    if args.build_scene:
+        build_scene(args.build_scene[0], args.sh_degree, args.build_scene[1])
+        return
     if args.child:
-        r = child(*args.child, args.baseline, args.large_repeats, args.threads, args.sh_degree)
+        r = child(*args.child, args.baseline, args.large_repeats, args.threads)
         print(json.dumps(r))
         return
 
@@ -392,15 +424,19 @@ def main() -> None:
 
     for scene in () if args.skip_large else ("inside_512", "1m_1024"):
         entry: dict = {}
-        for impl in ("old", "new", "ab"):
-            cmd = [sys.executable, __file__, "--child", scene, impl, "--baseline", args.baseline]
-            cmd += ["--large-repeats", str(args.large_repeats), "--threads", str(args.threads)]
-            cmd += ["--sh-degree", str(args.sh_degree)]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            if out.returncode != 0:
-                entry[impl] = {"error": out.stderr.strip().splitlines()[-1:]}
-                continue
-            entry[impl] = json.loads(out.stdout.strip().splitlines()[-1])
+        with tempfile.TemporaryDirectory() as tmp:
+            scene_file = str(Path(tmp) / f"{scene}.pt")
+            build = [sys.executable, __file__, "--build-scene", scene, scene_file]
+            subprocess.run([*build, "--sh-degree", str(args.sh_degree)], check=True, cwd=ROOT)
+            for impl in ("old", "new", "ab"):
+                cmd = [sys.executable, __file__, "--child", scene_file, impl]
+                cmd += ["--baseline", args.baseline, "--large-repeats", str(args.large_repeats)]
+                cmd += ["--threads", str(args.threads)]
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+                if out.returncode != 0:
+                    entry[impl] = {"error": out.stderr.strip().splitlines()[-1:]}
+                    continue
+                entry[impl] = json.loads(out.stdout.strip().splitlines()[-1])
         ab = entry.get("ab", {})
         if "old" in ab and "new" in ab:  # from the interleaved run
             for m in ("best_ms", "best_cpu_ms"):

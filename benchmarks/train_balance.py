@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": sets,
         "steps": args.steps,
         "warmup": args.warmup,
+        "load_average_start": list(os.getloadavg()),  # (cores shared with other jobs)
     }
     with tempfile.TemporaryDirectory(prefix="kf-train-balance-") as tmp:
         cost = args.cost
@@ -318,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     result["elapsed_s"] = time.perf_counter() - t0
+    result["load_average_end"] = list(os.getloadavg())
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -363,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     print("targets: " + ", ".join(f"{k}={v}" for k, v in result["targets"].items()))
-    print(f"elapsed {result['elapsed_s']:.0f} s")
+    la0, la1 = result["load_average_start"][0], result["load_average_end"][0]
+    print(f"elapsed {result['elapsed_s']:.0f} s; load average (1 min) {la0:.1f} -> {la1:.1f}")
     return 0
 
 

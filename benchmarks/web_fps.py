@@ -1,16 +1,20 @@
-"""Frames per second of the browser editor's view, through its real HTTP server.
+"""Frames per second of the browser editor's 512x512 view while dragging, through its real server.
 
-Starts `splatpainter serve --port 0` (a separate process, as for a user), opens a session on the
-demo asset (or ASSET) and requests frames the way the page does while the user drags: up to two
-requests in flight, each for the next orbit step.  Reports, per frame kind:
+Starts `splatpainter serve --port 0` (a separate process, as for a user) on the demo asset (or
+ASSET) and measures:
 
-- drag:  JPEG at --drag-size with two requests in flight, as the page does while dragging (shown
-  scaled to 512x512); drag_1_in_flight: the same, one at a time;
-- drag512: JPEG at 512x512, two in flight (dragging without the reduced size);
-- rest:  PNG at 512x512 (the frame the page shows, and paints on, when the view rests);
-- render512: the renderer alone at 512x512 (no HTTP, no encoding), for the ratio.
+- browser: Debian's headless Chromium (Playwright) opens the page, presses the mouse on the view
+  and moves it every 16 ms (as a mouse reports moves) for --seconds: frames *shown* per second,
+  every one a 512x512 JPEG rendered by the server (the page's own counter, checked for size);
+- http_drag: the same requests without a browser, two in flight as the page keeps them;
+  http_drag_1: one at a time;
+- rest: the 512x512 PNG the page shows, and paints on, when the view rests;
+- render512: the renderer alone in this process (no HTTP, no encoding), for the ratio.
 
-    python benchmarks/web_fps.py [--frames 40] [--drag-size 256] [--json] [ASSET]
+The machine may be shared: each figure comes with the CPU seconds the server (and the browser)
+spent per frame, measured from /proc, and the load average, so runs can be compared.
+
+    python benchmarks/web_fps.py [--seconds 8] [--frames 40] [--no-browser] [--json] [ASSET]
 """
 
 from __future__ import annotations
@@ -21,155 +25,241 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
+
+SIZE = 512
 
 
-def start_server(work: str, asset: Path | None) -> tuple[subprocess.Popen, int]:
-    cmd = [sys.executable, "-m", "splatpainter.cli", "serve", "--port", "0", "--workdir", work]
-    if asset is not None:
-        cmd.append(str(asset))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        m = re.search(r"serving SplatPainter on http://127\.0\.0\.1:(\d+)/", line)
-        if m:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining
-            return proc, int(m.group(1))
-    raise SystemExit(f"the server did not start:\n{''.join(seen)}")
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of process `root` and its live descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += [p for p, pp in parents.items() if pp == pid]
+    return total
 
 
-def measure(port: int, sid: str, frames: int, size: int, fmt: str, inflight: int) -> dict:
+def measure_http(port: int, sid: str, server_pid: int, frames: int, fmt: str, inflight: int):
     """Frames per second with `inflight` requests outstanding (the page keeps up to 2)."""
     counter = iter(range(10**9))
     lock = threading.Lock()
     latencies: list[float] = []
     server_ms: list[float] = []
+    errors: list[str] = []
 
     def worker() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         while True:
             with lock:
                 i = next(counter)
-            if i >= frames:
+            if i >= frames or errors:
                 break
             az, el = 30.0 + 3.0 * i, 20.0 + 0.5 * (i % 10)
+            q = f"az={az}&el={el}&w={SIZE}&h={SIZE}&fmt={fmt}"
             t0 = time.perf_counter()
-            conn.request(
-                "GET", f"/api/sessions/{sid}/render?az={az}&el={el}&w={size}&h={size}&fmt={fmt}"
-            )
+            conn.request("GET", f"/api/sessions/{sid}/render?{q}")
             r = conn.getresponse()
             body = r.read()
             if r.status != 200:
-                raise SystemExit(f"render failed: {r.status} {body[:200]!r}")
+                errors.append(f"render failed: {r.status} {body[:200]!r}")
+                break
             with lock:
                 latencies.append(time.perf_counter() - t0)
                 timing = r.getheader("Server-Timing") or ""
                 server_ms.append(sum(float(x) for x in re.findall(r"dur=([\d.]+)", timing)))
         conn.close()
 
-    for _ in range(2):  # warm: connections, caches, the OpenMP pools of the server's threads
-        worker_conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        worker_conn.request("GET", f"/api/sessions/{sid}/render?w={size}&h={size}&fmt={fmt}")
-        worker_conn.getresponse().read()
-        worker_conn.close()
+    warm = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    for _ in range(2):  # warm: the connection, the OpenMP pools of the server's threads
+        warm.request("GET", f"/api/sessions/{sid}/render?w={SIZE}&h={SIZE}&fmt={fmt}")
+        warm.getresponse().read()
+    warm.close()
     threads = [threading.Thread(target=worker) for _ in range(inflight)]
-    t0 = time.perf_counter()
+    cpu0, t0 = tree_cpu_seconds(server_pid), time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, tree_cpu_seconds(server_pid) - cpu0
+    if errors:
+        raise SystemExit(errors[0])
     return {
-        "size": size,
+        "size": SIZE,
         "format": fmt,
         "in_flight": inflight,
         "frames": frames,
         "fps": round(frames / wall, 2),
         "latency_ms_median": round(statistics.median(latencies) * 1e3, 1),
-        "server_ms_median": round(statistics.median(server_ms), 1),
+        "server_render_encode_ms_median": round(statistics.median(server_ms), 1),
+        "server_cpu_ms_per_frame": round(cpu / frames * 1e3, 1),
+    }
+
+
+# Moves the pointer across the view every 16 ms for `seconds` (the mouse button is already down,
+# pressed by Playwright): pointer events made in the page, so the driver's own per-event cost
+# (a round trip per move) is not counted as the editor's.
+DRIVE = """async ([cx, cy, seconds]) => {
+  const screen = document.getElementById("screen");
+  const n0 = sp.dragFrames, t0 = performance.now();
+  let i = 0;
+  await new Promise((done) => {
+    const step = () => {
+      if (performance.now() - t0 >= seconds * 1000) return done();
+      i += 1;  // back and forth across the view, a little up and down
+      const x = cx + 150 * (1 - Math.abs((i % 80) / 40 - 1)) - 75;
+      const y = cy + 20 * (Math.floor(i / 80) % 2);
+      const init = { clientX: x, clientY: y, pointerId: 1, buttons: 1, bubbles: true };
+      screen.dispatchEvent(new PointerEvent("pointermove", init));
+      setTimeout(step, 16);
+    };
+    step();
+  });
+  return { frames: sp.dragFrames - n0, ms: performance.now() - t0, moves: i, size: sp.dragSize };
+}"""
+
+
+def measure_browser(url: str, server_pid: int, seconds: float) -> dict:
+    """Orbit by mouse in headless Chromium for `seconds`; the frames the page showed."""
+    from playwright.sync_api import sync_playwright
+
+    from splatpainter.web.harness import launch_chromium
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1120, "height": 780})
+            page.goto(url)
+            page.wait_for_function("document.body.dataset.ready === '1'", timeout=300_000)
+            box = page.locator("#screen").bounding_box()
+            cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+            page.mouse.move(cx, cy)
+            page.mouse.down()
+            page.evaluate(DRIVE, [cx, cy, 1.0])  # warm: connections, the server's threads
+            # CPU of our process tree (Chromium and Playwright's driver are in it) and the server's
+            own0, srv0 = tree_cpu_seconds(os.getpid()), tree_cpu_seconds(server_pid)
+            run = page.evaluate(DRIVE, [cx, cy, seconds])
+            own1, srv1 = tree_cpu_seconds(os.getpid()), tree_cpu_seconds(server_pid)
+            page.mouse.up()
+        finally:
+            browser.close()
+    frames = run["frames"]
+    if run["size"] != [SIZE, SIZE]:
+        raise SystemExit(f"the page showed {run['size']} frames while dragging, not {SIZE}x{SIZE}")
+    per_frame = 1e3 / max(frames, 1)
+    return {
+        "size": SIZE,
+        "format": "jpeg",
+        "seconds": round(run["ms"] / 1e3, 2),
+        "pointer_moves": run["moves"],
+        "frames": frames,
+        "fps": round(frames / (run["ms"] / 1e3), 2),
+        "server_cpu_ms_per_frame": round((srv1 - srv0) * per_frame, 1),
+        # Chromium, Playwright's driver and this process (the server, also our child, left out)
+        "browser_cpu_ms_per_frame": round(((own1 - own0) - (srv1 - srv0)) * per_frame, 1),
     }
 
 
 def render_only(asset, frames: int) -> dict:
-    """The renderer alone, in this process, at the same views and size as the page at rest."""
+    """The renderer alone, in this process, at the same views and size."""
     import torch
 
     from splatpainter.render import render
     from splatpainter.web.views import OrbitView, orbit_camera
 
     centre, radius = asset.bounding_sphere(sigma=3.0)
-    times = []
+    times, cpus = [], []
     for i in range(frames + 2):
-        cam = orbit_camera(OrbitView(az=30.0 + 3.0 * i, width=512, height=512), centre, radius)
-        t0 = time.perf_counter()
+        cam = orbit_camera(OrbitView(az=30.0 + 3.0 * i, width=SIZE, height=SIZE), centre, radius)
+        t0, c0 = time.perf_counter(), time.process_time()
         with torch.no_grad():
             render(asset, cam)
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    mean = statistics.fmean(times)
+            cpus.append(time.process_time() - c0)
     return {
-        "size": 512,
+        "size": SIZE,
         "frames": frames,
-        "ms_mean": round(mean * 1e3, 2),
-        "fps": round(1 / mean, 2),
+        "ms_mean": round(statistics.fmean(times) * 1e3, 2),
+        "fps": round(1 / statistics.fmean(times), 2),
+        "cpu_ms_per_frame": round(statistics.fmean(cpus) * 1e3, 1),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("asset", nargs="?", type=Path, help=".ply/.splat (default: the demo asset)")
-    ap.add_argument("--frames", type=int, default=40)
-    ap.add_argument("--drag-size", type=int, default=256)
+    ap.add_argument("--frames", type=int, default=40, help="frames per HTTP measurement")
+    ap.add_argument("--seconds", type=float, default=8.0, help="length of the browser drag")
+    ap.add_argument("--no-browser", action="store_true", help="skip the Chromium measurement")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     from splatpainter.assets.demo import demo_ply_path
     from splatpainter.io import load_asset
+    from splatpainter.web.harness import ServerProcess, chromium_missing
 
-    with tempfile.TemporaryDirectory() as work:
-        proc, port = start_server(work, args.asset)
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-            conn.request("POST", "/api/sessions")
-            info = json.loads(conn.getresponse().read())
-            conn.close()
-            sid = info["id"]
-            n, d = args.frames, args.drag_size
-            results = {
-                "asset": info["name"],
-                "num_gaussians": info["num_gaussians"],
-                "cpu_count": os.cpu_count(),
-                "load_average_1m": round(os.getloadavg()[0], 2),
-                "drag": measure(port, sid, n, d, "jpeg", 2),
-                "drag_1_in_flight": measure(port, sid, n, d, "jpeg", 1),
-                "drag512": measure(port, sid, n, 512, "jpeg", 2),
-                "rest": measure(port, sid, n, 512, "png", 1),
-            }
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    why_not = "--no-browser" if args.no_browser else chromium_missing()
+    results: dict = {"cpu_count": os.cpu_count(), "load_average_1m_before": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory() as work, ServerProcess(Path(work), args.asset) as server:
+        port = urlsplit(server.url).port
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        conn.request("POST", "/api/sessions")
+        info = json.loads(conn.getresponse().read())
+        conn.close()
+        sid, n = info["id"], args.frames
+        results.update(asset=info["name"], num_gaussians=info["num_gaussians"])
+        if why_not is None:
+            results["browser"] = measure_browser(server.url, server.pid, args.seconds)
+        else:
+            results["browser"] = {"skipped": why_not}
+        results["http_drag"] = measure_http(port, sid, server.pid, n, "jpeg", 2)
+        results["http_drag_1"] = measure_http(port, sid, server.pid, n, "jpeg", 1)
+        results["rest"] = measure_http(port, sid, server.pid, n, "png", 1)
     results["render512"] = render_only(load_asset(args.asset or demo_ply_path()), n)
+    results["load_average_1m_after"] = os.getloadavg()[0]
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print(
         f"{results['asset']}: {results['num_gaussians']} Gaussians, {results['cpu_count']} CPUs, "
-        f"load average {results['load_average_1m']}"
+        f"load average {results['load_average_1m_before']:.1f} -> "
+        f"{results['load_average_1m_after']:.1f}"
     )
-    for key in ("drag", "drag_1_in_flight", "drag512", "rest", "render512"):
+    rows = [
+        ("browser", "Chromium drag, 512 JPEG"),
+        ("http_drag", "HTTP, 512 JPEG x2"),
+        ("http_drag_1", "HTTP, 512 JPEG x1"),
+        ("rest", "HTTP, 512 PNG x1"),
+        ("render512", "renderer alone, 512"),
+    ]
+    for key, what in rows:
         r = results[key]
-        fmt = f"{r['format']} x{r['in_flight']}" if "format" in r else "(renderer)"
-        print(
-            f"  {key:<17} {r['size']:>4}px {fmt:<10} {r['fps']:6.1f} fps"
-            f"  (server {r.get('server_ms_median', r.get('ms_mean'))} ms per frame)"
-        )
+        if "skipped" in r:
+            print(f"  {what:<26} skipped: {r['skipped']}")
+            continue
+        cpu = r.get("server_cpu_ms_per_frame", r.get("cpu_ms_per_frame"))
+        extra = f", browser {r['browser_cpu_ms_per_frame']} ms" if key == "browser" else ""
+        print(f"  {what:<26} {r['fps']:6.1f} fps   CPU per frame: server {cpu} ms{extra}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Each line of each ```bash block, and each ```python block, in README order, in a scratch
 directory that holds only what a clone has (src/, docs/, configs/, benchmarks/, scripts/).
-Fast commands are run and must exit 0. Long ones (training, the full evaluation, servers,
-benchmarks, setup scripts; `LONG` below) are checked without running them: the script exists,
+Fast commands (`knapformer simulate` of 200 steps included) are run and must exit 0. Long ones
+(training, calibration, the full evaluation, servers, benchmarks, setup scripts; `LONG` below)
+are checked without running them: the script exists,
 or the sub-command and every `--option` on the line exist (asked of the CLI itself, or of the
 script's `--help`). No line may contain `[--optional]` brackets or `a|b` alternatives.
 Blocks fenced as ```python fragment (the knapformer sketches, which need a process group and a
@@ -26,7 +27,6 @@ LONG = (
     "bash scripts/",
     "knapformer train",
     "knapformer calibrate",
-    "knapformer simulate",
     "torchrun ",
     "python benchmarks/",
     "python -m splatpainter.demo",
@@ -149,3 +149,31 @@ def test_license_is_the_apache_2_text_pyproject_names():
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text
     assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # asks each benchmark script for its --help
+def test_readme_pictures_and_results_table():
+    """A picture (a render and an edit, with the script that rebuilds it) and a results table
+    whose every row names a command that exists, with options it takes."""
+    text = README.read_text()
+    pictures = re.findall(r"!\[[^\]]+\]\(([^)]+)\)", text)
+    assert "docs/splatpainter_edit.png" in pictures
+    for p in pictures:
+        assert (ROOT / p).is_file() and (ROOT / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
+    assert "bash docs/make_figure.sh" in text and (ROOT / "docs/make_figure.sh").is_file()
+    table = text.split("## Results", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in table.splitlines() if r.startswith("| ") and "---" not in r][1:]
+    assert len(rows) >= 5
+    commands = set()
+    for row in rows:
+        command = row.rstrip(" |").rsplit("|", 1)[1].strip()
+        assert re.fullmatch(
+            r"`(python benchmarks/\S+|splatpainter \w+|knapformer \w+)[^`]*`", command
+        )
+        commands.add(command.strip("`"))
+    for command in sorted(commands):
+        words = shlex.split(command)
+        if words[0] == "python":
+            assert (ROOT / words[1]).is_file(), command
+        _check_options(command, words)

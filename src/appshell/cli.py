@@ -141,6 +141,18 @@ class App(typer.Typer):
 
         return decorator
 
+    def add_version_command(self, version: str) -> None:
+        """A ``version`` command (``--json`` too), the same in every program."""
+
+        def show_version(json_out: JsonFlag = False) -> None:
+            """Print the installed version."""
+            if json_out:
+                print_json({"version": version})
+            else:
+                typer.echo(version)
+
+        self.command("version")(show_version)
+
 
 # ------------------------------------------------------------------ shared options
 JsonFlag = Annotated[

@@ -162,3 +162,32 @@ __all__ = [
     "read_bytes",
     "read_text",
 ]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def load_torch(path: str | os.PathLike[str], *, what: str = "torch file") -> Any:
+    """``torch.load(path, weights_only=True)`` of a user file, every failure one line.
+
+    A FIFO or device is refused without opening it, and anything that is not a torch archive
+    (zip) or legacy pickle is named as such before torch's unpickler gives a misleading reason
+    (an index error, or advice to load it unsafely).
+    """
+    import torch
+
+    check_regular_file(path, what=what)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head.startswith((b"PK\x03\x04", b"\x80")):
+        kind = "an empty file" if not head else "not a torch archive"
+        raise InputFileError(f"{path}: not a readable {what} ({kind})")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        why = _first_line(e)
+        if "Weights only load failed" in why:  # torch's advice to unpickle it unsafely
+            why = "it holds objects a safe load refuses"
+        raise InputFileError(f"{path}: not a readable {what} ({why})") from None

@@ -32,12 +32,14 @@ def run_workers(
     args: tuple[Any, ...] = (),
     timeout: float = 120.0,
     collective_timeout: float = 30.0,
+    may_die: tuple[int, ...] = (),
 ) -> list[Any]:
     """Run ``func_name`` from ``worker_file`` on ``world_size`` gloo ranks; per-rank results.
 
     One launcher process imports torch and the worker module once, then forks the ranks (before
     any torch op or thread runs), which keeps an 8-rank start cheap on a 2-core machine. The
     launcher leads its own session, so a timeout kills it and every rank it forked.
+    Ranks in ``may_die`` (a fault-injection test kills them) may leave no result: None.
     """
     run_dir = Path(tmp_path) / f"run_{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True)
@@ -70,6 +72,9 @@ def run_workers(
     results = []
     for rank in range(world_size):
         out = run_dir / f"result_{rank}.pkl"
+        if not out.exists() and rank in may_die:
+            results.append(None)
+            continue
         if not out.exists():
             raise WorkerError(f"rank {rank} produced no result\n{_tail(run_dir)}")
         status, payload = pickle.loads(out.read_bytes())

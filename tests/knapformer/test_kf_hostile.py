@@ -5,6 +5,7 @@ files given to the CLI, and output file modes."""
 import json
 import os
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,3 +141,13 @@ def test_every_result_command_has_json_and_lists_choices():
         r = runner.invoke(app, [cmd, "--help"])
         assert r.exit_code == 0 and "--json" in r.stdout and "list[" not in r.stdout, cmd
     assert "<local-search|exact|reference|ours>" in runner.invoke(app, ["plan", "--help"]).stdout
+
+
+def test_train_output_paths_are_checked_before_any_rank_starts():
+    """/proc takes no new files even from root: both outputs fail at once, in one line."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
+    base = ["train", "--config", str(config), "--nproc", "2", "--steps", "1"]
+    r = runner.invoke(app, [*base, "--checkpoint-dir", "/proc/kf_ckpt"])
+    one_line_error(r, "/proc/kf_ckpt")
+    r = runner.invoke(app, [*base, "--log", "/proc/kf_train.jsonl"])
+    one_line_error(r, "cannot write in /proc")

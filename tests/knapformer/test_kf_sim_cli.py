@@ -82,7 +82,7 @@ def test_table_lengths_file_and_plots(tmp_path):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--mixture", "hires", "--gpus", "32"], "unknown mixture 'hires'"),
+        (["--mixture", "hires", "--gpus", "32"], "'hires' is not one of 'lowres', 'mixres'"),
         (["--data-codes", "g8b2i256f85", "--gpus", "8"], "bad data code 'g8b2i256f85'"),
         (["--data-codes", "g8b2i256f85s3", "--gpus", "8"], "S must be 0 or 1"),
         (["--mixture", "mixres", "--gpus", "48"], "not a multiple of 32"),

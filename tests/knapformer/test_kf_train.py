@@ -172,6 +172,101 @@ def test_resume_is_exact(tmp_path):
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_00000003"
 
 
+def resume_cost_worker(rank: int, world: int, raw: dict, ckpt: str, prof_a: str, prof_b: str):
+    import torch.distributed as dist
+
+    from knapformer.train.config import apply_overrides, build_config
+    from knapformer.train.loop import train
+
+    def run(**over):
+        return [r for r in train(build_config(apply_overrides(raw, over)))]
+
+    full = run(**{"balance.cost": prof_a, "checkpoint.dir": ckpt, "checkpoint.every": 2})
+    dist.barrier()
+    if rank == 0:
+        (Path(ckpt) / "latest").write_text("step_00000002\n")
+    dist.barrier()
+    # the resumed run is asked for another cost model: it plans with the checkpoint's
+    resumed = run(**{"balance.cost": prof_b, "checkpoint.dir": ckpt, "checkpoint.resume": True})
+    fresh_b = run(**{"balance.cost": prof_b, "train.steps": 1})
+    return {"full": full, "resumed": resumed, "fresh_b": fresh_b}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_resume_plans_with_the_checkpoints_cost_model(tmp_path):
+    import dataclasses
+
+    from knapformer.train.costs import flops_cost
+
+    flops = flops_cost(build_config(TINY).model_config())
+    flops.save(tmp_path / "a.json")
+    # a model under which the auto layout would not split the video (u outweighs the gain)
+    dataclasses.replace(flops, u=1e15, name="b").save(tmp_path / "b.json")
+    args = (TINY, str(tmp_path / "ckpt"), str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    res = run_workers(__file__, "resume_cost_worker", 2, tmp_path, args=args, timeout=85)[0]
+    full, resumed, fresh_b = res["full"], res["resumed"], res["fresh_b"]
+    assert fresh_b[0]["layout"] != full[0]["layout"]  # b alone would plan differently
+    assert [r["step"] for r in resumed] == [3]
+    assert resumed[0]["layout"] == full[2]["layout"]
+    assert resumed[0]["rank_modelled_load"] == full[2]["rank_modelled_load"]
+    assert resumed[0]["loss"] == full[2]["loss"]
+
+
+def refit_worker(rank: int, world: int, raw: dict, ckpt: str):
+    import torch.distributed as dist
+
+    from knapformer.train.config import apply_overrides, build_config
+    from knapformer.train.loop import train
+
+    def run(**over):
+        over = {"train.steps": 6, "balance.refit_steps": 2, **over}
+        return [r for r in train(build_config(apply_overrides(raw, over)))]
+
+    full = run(**{"checkpoint.dir": ckpt, "checkpoint.every": 2})  # refits after steps 4, 6
+    none = run(**{"balance.balancer": "none"})
+    dist.barrier()
+    if rank == 0:
+        (Path(ckpt) / "latest").write_text("step_00000004\n")
+    dist.barrier()
+    resumed = run(**{"checkpoint.dir": ckpt, "checkpoint.resume": True})
+    return {"full": full, "none": none, "resumed": resumed}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_online_refit_plans_later_steps_with_the_fitted_model(tmp_path):
+    import numpy as np
+
+    res = run_workers(
+        __file__, "refit_worker", 2, tmp_path, args=(TINY, str(tmp_path / "ckpt")), timeout=115
+    )[0]
+    full, none, resumed = res["full"], res["none"], res["resumed"]
+    # step 1 (the process's first) is left out: step 2 has one sample, the first fit is at 4
+    assert [("cost_refit" in r) for r in full] == [False, False, False, True, False, True]
+    fit = full[3]["cost_refit"]
+    assert fit["samples"] == 2 * 3 and "error" not in fit
+    model = CostModel.from_dict(fit["model"])
+    assert model.name.startswith("refit:")
+    coef = np.array([model.a, model.b, model.c, model.e, model.f, model.u])
+    # fitted to measured CPU seconds (the starting model counts FLOPs): its times match theirs
+    ratio = np.concatenate(
+        [np.asarray(r["rank_cost_features"]) @ coef / r["rank_compute_cpu_s"] for r in full[1:4]]
+    )
+    assert 0.2 < float(np.median(ratio)) < 5.0
+    for rec in full[4:6]:  # steps 5 and 6 plan (and model their times) with it, on both ranks
+        feats = np.asarray(rec["rank_cost_features"])
+        np.testing.assert_allclose(rec["rank_modelled_load"], feats @ coef, rtol=1e-9)
+    for b, u in zip(full, none, strict=True):  # balancing still computes the same losses
+        assert abs(b["loss"] - u["loss"]) <= 1e-5 * abs(u["loss"])
+    # resumed from step 4: the refit state and the model in use come from the checkpoint
+    assert [r["step"] for r in resumed] == [5, 6]
+    for a, b in zip(resumed, full[4:], strict=True):
+        assert a["loss"] == b["loss"]
+        assert a["rank_modelled_load"] == b["rank_modelled_load"]
+    assert resumed[1]["cost_refit"]["samples"] == 2 * 4  # steps 2-4 restored, plus step 6
+
+
 # ---- front ends --------------------------------------------------------------------------------
 
 

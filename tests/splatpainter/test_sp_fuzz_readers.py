@@ -1,8 +1,9 @@
 """Seeded mutation fuzzing of the PLY and .splat readers (CI: a few seconds).
 
 Every mutated file must either load as an asset that passes the load-time value checks and
-writes back to bytes that load again, or fail with AssetFormatError; never another exception,
-never a hang, never non-finite values.
+writes back to bytes that load again (in its own format and converted to the other, as
+`convert` does), or fail with AssetFormatError; never another exception, never a hang, never
+non-finite values.
 """
 
 import numpy as np
@@ -74,14 +75,20 @@ def _check(reader, writer, data):
     check_asset_values(asset, "fuzz")  # what the reader returns passes the load-time checks
     for t in asset.tensors().values():
         assert torch.isfinite(t).all()
-    try:
-        out = writer(asset)
-    except AssetFormatError:
-        assert asset.num_gaussians == 0  # only an empty asset cannot become a .splat
-        return "accepted"
-    back = reader(out, "rewritten")  # what we write always loads
-    back = back[0] if isinstance(back, tuple) else back
-    assert back.num_gaussians == asset.num_gaussians
+    # What we write always loads: in the same format, and converted to the other one.
+    for write, read in (
+        (writer, reader),
+        (ply_to_bytes, ply_from_bytes),
+        (splat_to_bytes, splat_from_bytes),
+    ):
+        try:
+            out = write(asset)
+        except AssetFormatError:
+            assert asset.num_gaussians == 0  # only an empty asset cannot become a .splat
+            continue
+        back = read(out, "rewritten")
+        back = back[0] if isinstance(back, tuple) else back
+        assert back.num_gaussians == asset.num_gaussians
     return "accepted"
 
 

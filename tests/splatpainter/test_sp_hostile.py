@@ -179,6 +179,19 @@ def test_render_size_limit_is_immediate(scene):
     one_line_error(r, "the limit is 16,777,216 pixels")
     r = cli("render", scene / "a.ply", "--orbit", "1", "--size", "0x10", "--out", scene)
     one_line_error(r, "must be >= 1")
+    # a camera JSON of that size, given to render or to edit, is refused alike
+    import json
+
+    cam = json.loads((scene / "cam.json").read_text())
+    cam.update(width=60000, height=60000, cx=30000.0, cy=30000.0)
+    (scene / "huge_cam.json").write_text(json.dumps(cam))
+    r = cli("render", scene / "a.ply", "--camera", scene / "huge_cam.json", "--out", scene / "h")
+    one_line_error(r, "the limit is 16,777,216 pixels")
+    r = cli(
+        "edit", scene / "a.ply", "--view", scene / "huge_cam.json", "--image", scene / "img.png",
+        "--method", "backproject", "--out", scene / "h.ply",
+    )  # fmt: skip
+    one_line_error(r, "huge_cam.json: camera size 60000x60000 is 3,600,000,000 pixels")
 
 
 def test_render_deep_camera_json(scene):
@@ -255,3 +268,42 @@ def test_help_shows_choices_and_no_python_types():
         assert r.exit_code == 0 and "list[" not in r.stdout and "--json" in r.stdout, cmd
     assert "<model|backproject|optimize>" in cli("edit", "--help").stdout
     assert "<auto|numba|reference|gsplat>" in cli("render", "--help").stdout
+
+
+@pytest.mark.timeout(60)  # a FIFO opened the plain way would block forever
+def test_hostile_session_files_are_one_line_and_honest(tmp_path):
+    cases = {
+        "garbage.session": (b"\x00garbage" * 512, "not a torch archive"),
+        "empty.session": (b"", "an empty file"),
+    }
+    for name, (data, _) in cases.items():
+        (tmp_path / name).write_bytes(data)
+    torch.save({"x": io.BytesIO}, tmp_path / "objects.session")
+    cases["objects.session"] = (None, "a safe load refuses")
+    os.mkfifo(tmp_path / "fifo.session")
+    cases["fifo.session"] = (None, "is a FIFO")
+    (tmp_path / "zero.session").symlink_to("/dev/zero")
+    cases["zero.session"] = (None, "is a character device")
+    for name, (_, needle) in cases.items():
+        for cmd in (["show"], ["undo"], ["export", tmp_path / "o.ply"]):
+            r = cli("session", cmd[0], tmp_path / name, *cmd[1:])
+            one_line_error(r, needle)
+            assert "weights_only" not in r.stderr  # never torch's advice to unpickle unsafely
+    assert not (tmp_path / "o.ply").exists()
+    from splatpainter.model.editor import CheckpointError, load_weights
+
+    for name, (_, needle) in cases.items():  # torch-format weights are read the same way
+        with pytest.raises(CheckpointError, match=needle) as err:
+            load_weights(tmp_path / name)
+        assert "weights_only" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_edit_session_in_an_unwritable_directory_writes_nothing(scene, tmp_path):
+    """/proc refuses new files even to root, so this holds whoever runs the tests."""
+    out = tmp_path / "edited.ply"
+    r = cli(
+        "edit", scene / "a.ply", "--view", scene / "cam.json", "--image", scene / "img.png",
+        "--method", "backproject", "--session", "/proc/edit.session", "--out", out,
+    )  # fmt: skip
+    one_line_error(r, "cannot write in /proc")
+    assert not out.exists()

@@ -159,7 +159,7 @@ def test_damaged_files_are_one_line_errors(scene, tmp_path):
     torch.save(d2, tmp_path / "index")
     with pytest.raises(ValueError, match="index 99"):
         StoredSession.read(tmp_path / "index")
-    with pytest.raises(ValueError, match="not a regular file"):
+    with pytest.raises(ValueError, match="is a directory, not a regular session file"):
         StoredSession.read(tmp_path)
 
 

@@ -167,6 +167,13 @@ def test_train_cli_writes_weights_that_load(tmp_path):
 
     model = load_weights(out / WEIGHTS)
     assert model.trained and model.config.stage2.num_blocks == 1
+    # --weights also takes the run's training checkpoint (here written at the last step)
+    from_checkpoint = load_weights(out / CHECKPOINT)
+    assert from_checkpoint.trained and from_checkpoint.config == model.config
+    for (k, va), vb in zip(
+        model.state_dict().items(), from_checkpoint.state_dict().values(), strict=True
+    ):
+        assert torch.equal(va, vb), k
     shutil.rmtree(tmp_path / "cache")
 
 

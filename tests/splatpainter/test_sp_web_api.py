@@ -117,6 +117,21 @@ def test_apply_changes_the_stroke_and_undo_restores(client, method):
     assert np.array_equal(frame(client, sid), after)
 
 
+def test_the_edit_is_fitted_on_the_exact_pixels_of_the_frame(client):
+    """The PNG frame of a view, applied unchanged under that view, changes nothing: the
+    server's camera for the edit is the one it rendered the frame with, pixel for pixel.
+    (The frame of a view half a degree away, named as this view, does change Gaussians.)"""
+    sid = new_session(client)
+    base = frame(client, sid)
+    r = apply(client, sid, base)
+    assert r.status_code == 200, r.text
+    assert r.json()["history"][1]["changed_gaussians"] == 0
+    assert np.array_equal(frame(client, sid), base)
+    r = apply(client, sid, frame(client, sid, az=VIEW["az"] + 0.5))
+    assert r.status_code == 200, r.text
+    assert r.json()["history"][2]["changed_gaussians"] > 0
+
+
 def test_history_reset_goto_and_export(client, asset_file):
     sid = new_session(client)
     before = frame(client, sid)
@@ -133,6 +148,10 @@ def test_history_reset_goto_and_export(client, asset_file):
     assert exported.num_gaussians == load_asset(asset_file).num_gaussians
     r = client.get(f"/api/sessions/{sid}/export", params={"format": "splat"})
     assert splat_from_bytes(r.content).num_gaussians == exported.num_gaussians
+    # an exported .splat opens by upload as a new session
+    up = client.post("/api/sessions", params={"name": "edited.splat"}, content=r.content)
+    assert up.status_code == 200, up.text
+    assert up.json()["num_gaussians"] == exported.num_gaussians and up.json()["index"] == 0
     assert not np.array_equal(edited, before)
     assert client.post(f"/api/sessions/{sid}/goto/9").status_code == 409
 
@@ -338,3 +357,35 @@ def test_serve_refuses_bad_input_in_one_line(tmp_path):
     assert r.exit_code == 2 and "cannot listen" in r.output
     r = runner.invoke(app, ["serve", "--method", "magic"])
     assert r.exit_code == 2 and "magic" in r.output
+
+
+def test_serve_defaults_to_loopback_on_7860():
+    import typer.main
+
+    from splatpainter.cli import app
+
+    serve = typer.main.get_command(app).commands["serve"]
+    defaults = {p.name: p.default for p in serve.params}
+    assert defaults["host"] == "127.0.0.1" and defaults["port"] == 7860
+
+
+@pytest.mark.timeout(900)
+def test_serve_opens_the_command_line_asset_and_prints_its_url(asset_file, tmp_path):
+    """The real `splatpainter serve ASSET` process: the URL it prints (loopback unless --host
+    says otherwise) answers /api/health, and new sessions start from ASSET."""
+    import json
+    import re
+    import urllib.request
+
+    from splatpainter.web.harness import ServerProcess
+
+    with ServerProcess(tmp_path, asset_file, "--method", "backproject") as server:
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", server.url), server.url
+        with urllib.request.urlopen(server.url + "api/health", timeout=60) as r:
+            assert json.load(r)["status"] == "ok"
+        with urllib.request.urlopen(server.url + "api/config", timeout=60) as r:
+            assert json.load(r)["default_method"] == "backproject"
+        req = urllib.request.Request(server.url + "api/sessions", method="POST")
+        with urllib.request.urlopen(req, timeout=120) as r:
+            info = json.load(r)
+        assert info["name"] == "small.ply" and info["num_gaussians"] == 1500

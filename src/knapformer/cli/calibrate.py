@@ -17,6 +17,7 @@ from appshell.cli import (
     progress,
 )
 from knapformer.cli.app import app
+from knapformer.cli.options import Heads
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -32,7 +33,7 @@ def _ints(text: str, what: str) -> list[int]:
 @app.command()
 def calibrate(
     d_model: int = typer.Option(256, help="Block width."),
-    heads: int = typer.Option(4, help="Attention heads (bag sizes must divide it)."),
+    heads: Heads = 4,
     lengths: str = typer.Option(
         "64,128,192,256,384,512,640,768,1024,1280,1536",
         help="Sequence lengths to time; every third interior one is held out of the fit.",

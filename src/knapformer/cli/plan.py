@@ -11,6 +11,7 @@ import typer
 from appshell.cli import JsonFlag, UserError, choice_enum, print_json, status
 from appshell.inputs import load_json
 from knapformer.cli.app import app
+from knapformer.cli.options import DModel, Gamma, GpusPerNode, Heads, Profile
 from knapformer.planning.solvers import ALIASES, DEFAULT_SOLVER, SOLVERS
 
 Solver = choice_enum("Solver", [DEFAULT_SOLVER, *sorted(set(SOLVERS) - {DEFAULT_SOLVER}), *ALIASES])
@@ -38,6 +39,17 @@ def load_lengths(path: Path) -> list[list[int]]:
     return out
 
 
+def warm_planner() -> None:
+    """Compile (first use in an environment, tens of seconds) or load from numba's cache the
+    planner's kernels under a spinner, so that wait is explained instead of looking like a
+    hang."""
+    from knapformer.planning.solvers import fast
+
+    if fast.kernels() is not None:
+        with status("planner kernels: compiled once on first use (up to a minute), then cached"):
+            fast.warm_up()
+
+
 def _fmt_loads(before: Any, after: Any, mean: float, bag_of_rank: Any, sizes: Any) -> str:
     lines = ["rank  bag  g   before  after   (per-GPU load / mean)"]
     for r in range(len(before)):
@@ -54,20 +66,20 @@ def plan(
         ..., help='JSON file {"ranks": [[len, ...], ...]}, one list per rank.'
     ),
     spec: str = typer.Option(..., help="Bag layout g<G>n<N>+... (e.g. g1n16+g2n4+g4n2) or 'auto'."),
-    d_model: int = typer.Option(3072, help="Model width of the FLOP cost model."),
-    gamma: float = typer.Option(1.0, help="Attention weight of the FLOP cost model."),
+    d_model: DModel = 3072,
+    gamma: Gamma = 1.0,
     a2a_flops_per_byte: float = typer.Option(
         0.0, help="Price of Ulysses all-to-all bytes in FLOPs (0 = compute only)."
     ),
-    heads: int = typer.Option(24, help="Attention heads (every bag size must divide it)."),
+    heads: Heads = 24,
     solver: Solver = typer.Option(
         "local-search",
         help="local-search (default, alias ours: never worse than reference), reference "
         "(the published greedy) or exact (HiGHS MILP, small instances).",
     ),
-    gpus_per_node: int = typer.Option(8, help="Bags never span nodes."),
+    gpus_per_node: GpusPerNode = 8,
     max_tokens_per_gpu: int = typer.Option(None, help="Per-GPU token budget after routing."),
-    profile: Path = typer.Option(None, help="Cost profile JSON (from `knapformer calibrate`)."),
+    profile: Profile = None,
     time_limit: float = typer.Option(
         10.0, help="Seconds for --solver exact, building its model included."
     ),
@@ -84,7 +96,8 @@ def plan(
     solver = solver.value
     if not (math.isfinite(time_limit) and time_limit > 0):
         raise _InputError(f"time_limit must be a finite number > 0 (--time-limit {time_limit})")
-    ranks = load_lengths(lengths)
+    with status(f"reading {lengths}"):  # a million sequences take seconds to parse
+        ranks = load_lengths(lengths)
     world = len(ranks)
     if profile is not None:
         cost = CostModel.load(profile)
@@ -92,8 +105,10 @@ def plan(
         cost = CostModel.flops(d_model, gamma, a2a_flops_per_byte=a2a_flops_per_byte)
     if gpus_per_node < 1:
         raise _InputError("--gpus-per-node must be >= 1")
+    warm_planner()
     if spec.strip().lower() == "auto":
-        spec_used = choose_layout(ranks, world, heads, gpus_per_node, cost)
+        with status("choosing the layout"):
+            spec_used = choose_layout(ranks, world, heads, gpus_per_node, cost)
     else:
         spec_used = spec
     layout = BagLayout.parse(spec_used, world, heads)
@@ -108,10 +123,9 @@ def plan(
         options["max_tokens_per_gpu"] = max_tokens_per_gpu
     if solver == "exact":
         options["time_limit"] = time_limit
-    if solver == "exact":  # can take up to --time-limit seconds
-        with status(f"exact MILP (at most {time_limit:g} s)"):
-            p = plan_step(ranks, layout, cost, solver=solver, **options)
-    else:
+    n = sum(len(r) for r in ranks)
+    limit = f", at most {time_limit:g} s" if solver == "exact" else ""
+    with status(f"planning {n:,} sequences on {world} GPUs ({solver}{limit})"):
         p = plan_step(ranks, layout, cost, solver=solver, **options)
     summary = p.summary()
     summary["requested_spec"] = spec

@@ -8,8 +8,12 @@ from typing import Any
 import typer
 
 from appshell.atomic import check_output_dir
-from appshell.cli import JsonFlag, UserError, note, print_json, progress
+from appshell.cli import JsonFlag, UserError, choice_enum, note, print_json, progress
 from knapformer.cli.app import app
+from knapformer.cli.options import DModel, Gamma, GpusPerNode, Heads, Profile
+from knapformer.sim.datacodes import MIXTURES
+
+Mixture = choice_enum("Mixture", MIXTURES)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -46,17 +50,17 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 @app.command()
 def simulate(
-    mixture: str = typer.Option(None, help="Paper mixture: lowres, mixres or joint."),
+    mixture: Mixture = typer.Option(None, help="A mixture of the paper."),
     data_codes: str = typer.Option(None, help="Data codes g<G>b<B>i<R>f<F>s<S>,..."),
     lengths: Path = typer.Option(None, help='JSON {"ranks": [[len,...],...]} or {"steps": [...]}'),
     gpus: int = typer.Option(None, help="World size (a multiple of the mixture's GPU count)."),
     steps: int = typer.Option(20, help="Sampled steps (ignored with --lengths)."),
     spec: str = typer.Option(..., help="Bag layout g<G>n<N>+... or 'auto'."),
-    gamma: float = typer.Option(1.0, help="Attention weight of the FLOP cost model."),
-    d_model: int = typer.Option(3072, help="Model width of the FLOP cost model."),
-    heads: int = typer.Option(24, help="Attention heads (bag sizes must divide it)."),
-    gpus_per_node: int = typer.Option(8, help="Bags never span nodes."),
-    profile: Path = typer.Option(None, help="Cost profile JSON from `knapformer calibrate`."),
+    gamma: Gamma = 1.0,
+    d_model: DModel = 3072,
+    heads: Heads = 24,
+    gpus_per_node: GpusPerNode = 8,
+    profile: Profile = None,
     hysteresis: float = typer.Option(
         0.02, help="--spec auto: keep the previous layout unless the best is this much better."
     ),
@@ -84,7 +88,9 @@ def simulate(
         if gpus is None:
             raise UserError("--gpus is required with --mixture or --data-codes")
         mix = (
-            dc.resolve_mixture(mixture) if mixture is not None else dc.parse_data_codes(data_codes)
+            dc.resolve_mixture(mixture.value)
+            if mixture is not None
+            else dc.parse_data_codes(data_codes)
         )
         all_steps = dc.sample_steps(mix, gpus, steps, seed)
         if gpus != mix.gpus:
@@ -95,6 +101,9 @@ def simulate(
     cost = CostModel.load(profile) if profile is not None else CostModel.flops(d_model, gamma)
     if plot_dir is not None:
         check_output_dir(plot_dir)  # before the run, not after it
+    from knapformer.cli.plan import warm_planner
+
+    warm_planner()
     with progress("planning steps (every strategy)", counted=True) as bar:
         result = run_simulation(
             all_steps, cost, spec, heads, gpus_per_node, hysteresis=hysteresis, on_plan=bar

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from appshell.atomic import check_outputs
+from appshell.atomic import check_output_dir, check_outputs
 from appshell.cli import JsonFlag, note, print_json
 from appshell.inputs import read_text
 from knapformer.cli.app import app
@@ -54,6 +54,8 @@ def train(
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
     check_world(cfg, nproc)
     check_outputs(cfg.log.path or None)  # before any rank starts
+    if cfg.checkpoint.dir:  # not only at the first checkpoint, after steps of training
+        check_output_dir(cfg.checkpoint.dir)
     if cfg.checkpoint.resume:
         from knapformer.train.checkpoint import CheckpointError, latest_checkpoint
 
@@ -61,6 +63,9 @@ def train(
             latest_checkpoint(cfg.checkpoint.dir)
         except CheckpointError as exc:
             raise ConfigError(str(exc)) from None
+    from knapformer.cli.plan import warm_planner
+
+    warm_planner()  # (compiled here once: the ranks then load the kernels from numba's cache)
     try:
         spawn(cfg, nproc)
     except Exception as exc:  # a rank failed: show its last line, not a wall of tracebacks

@@ -17,6 +17,9 @@ Every collective is autograd-aware (backward of ``route`` is ``reverse_route``, 
 ``pre_attn`` is ``post_attn``), so the loss is computed in the original layout. Input checks that
 could make ranks diverge are agreed collectively (one tiny all_gather before the data moves), so a
 bad input raises the same :class:`BalancerError` on every rank instead of hanging one of them.
+A peer that fails elsewhere and stays alive, or is killed, makes every collective waiting for it
+raise a :class:`BalancerError` naming it, within the group's timeout
+(:mod:`knapformer.distributed.failures`).
 That same all_gather carries a fingerprint of this rank's plan (layout and bag of every
 sequence), so ranks whose deterministic planners nevertheless disagree (diverged state, a
 time-limited solver) get a clear error before any token moves.
@@ -39,6 +42,7 @@ import torch.distributed as dist
 from knapformer.attention.varlen import varlen_attention
 from knapformer.distributed.autolayout import AutoLayout
 from knapformer.distributed.collectives import all_to_all
+from knapformer.distributed.failures import BalancerError, collective
 from knapformer.distributed.groups import (
     GroupSetupError,
     bag_process_group,
@@ -57,10 +61,6 @@ from knapformer.planning.plan import Plan, plan_step
 from knapformer.planning.routing import RoutingTables, offset_tables, routing_from_plan
 
 __all__ = ["AttnInputs", "Balancer", "BalancerError"]
-
-
-class BalancerError(ValueError):
-    """Bad input to the balancer; raised with the same message on every rank."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,13 @@ def _describe(code: int, a: int, b: int, c: int, op: str) -> str:
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _gather_rows(t: torch.Tensor, n: int, group: dist.ProcessGroup | None) -> torch.Tensor:
+def _gather_rows(t: torch.Tensor, n: int, group: dist.ProcessGroup | None, op: str) -> torch.Tensor:
     """``[n, *t.shape]``: every rank's ``t`` (one all-gather into one tensor)."""
     shape = t.shape
     t = t.contiguous().view(-1)
     out = t.new_empty(n * t.numel())  # (rows concatenated along dim 0, as gloo wants)
-    all_gather_single(out, t, group=group)
+    with collective(op, group):
+        all_gather_single(out, t, group=group)
     return out.view(n, *shape)
 
 
@@ -244,7 +245,9 @@ class Balancer:
             "spec": str(spec),
             "num_heads": num_heads,
             "cost": (
-                (cost.a, cost.b, cost.c, cost.e) if isinstance(cost, CostModel) else repr(cost)
+                (cost.a, cost.b, cost.c, cost.e, cost.f, cost.u)
+                if isinstance(cost, CostModel)
+                else repr(cost)
             ),
             "solver": solver,
             "solver_options": repr(sorted(self.solver_options.items())),
@@ -257,7 +260,8 @@ class Balancer:
         if not isinstance(cost, CostModel):
             error = error or f"cost must be a CostModel, got {type(cost).__name__}"
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, (config, error), group=group)
+        with collective("Balancer()", group):
+            dist.all_gather_object(gathered, (config, error), group=group)
         errors = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
         if errors:
             r, e = errors[0]
@@ -402,6 +406,16 @@ class Balancer:
             self._use_auto_layout(self._auto.layout(self._auto.current))
         self.plan = self.tables = None
 
+    def set_cost(self, cost: CostModel) -> None:
+        """Plan the next steps (and choose their auto layouts) with ``cost``. Every rank must
+        pass the same model before the same step (e.g. one broadcast from rank 0); ranks that
+        do not would plan differently, which the next routing's agreement check reports."""
+        if not isinstance(cost, CostModel):
+            raise BalancerError(f"cost must be a CostModel, got {type(cost).__name__}")
+        self.cost = cost
+        if self._auto is not None:
+            self._auto.cost = cost
+
     def _use_auto_layout(self, lay: BagLayout) -> None:
         """Switch to an auto-chosen layout, creating its missing bag groups (collective: every
         rank switches at the same step)."""
@@ -439,7 +453,7 @@ class Balancer:
         count = int(arr.size) if code == 0 else 0
         # (on the CPU when the group has a CPU backend: the step's lengths are host data)
         info = torch.tensor([count, code, a, b], dtype=torch.int64, device=self._ctrl_device)
-        infos = self._all_gather(info).cpu().numpy()
+        infos = self._all_gather(info, "plan_step").cpu().numpy()
         bad = [r for r in range(self.world_size) if infos[r, 1] != 0]
         if bad:
             parts = [f"rank {r}: " + _describe(*infos[r, 1:4], 0, op="plan_step") for r in bad]
@@ -450,7 +464,7 @@ class Balancer:
         if m > 0:
             padded = torch.zeros(m, dtype=torch.int64, device=self._ctrl_device)
             padded[: arr.size] = torch.from_numpy(arr.astype(np.int64))
-            allp = self._all_gather(padded).cpu().numpy()
+            allp = self._all_gather(padded, "plan_step").cpu().numpy()
             lengths = [allp[r, : counts[r]].tolist() for r in range(self.world_size)]
         if self._auto is not None:
             try:
@@ -502,8 +516,8 @@ class Balancer:
         ``seq_offset + i`` (the id the routing tables use)."""
         return self._seq_offset
 
-    def _all_gather(self, t: torch.Tensor) -> torch.Tensor:
-        return _gather_rows(t, self.world_size, self.group)
+    def _all_gather(self, t: torch.Tensor, op: str = "all_gather") -> torch.Tensor:
+        return _gather_rows(t, self.world_size, self.group, op)
 
     def _require_tables(self, op: str) -> RoutingTables:
         if self.tables is None:
@@ -557,7 +571,7 @@ class Balancer:
         info = torch.tensor(
             [code, a, b, c, sig, self._plan_sig], dtype=torch.int64, device=self._ctrl_device
         )
-        infos = self._all_gather(info).cpu().numpy()  # (CPU already on a gloo-capable group)
+        infos = self._all_gather(info, op).cpu().numpy()  # (CPU already on a gloo-capable group)
         bad = [r for r in range(self.world_size) if infos[r, 0] != 0]
         if bad:
             parts = [f"rank {r}: " + _describe(*infos[r, :4], op=op) for r in bad]
@@ -566,7 +580,8 @@ class Balancer:
         if any(len(set(row)) > 1 for row in infos[:, 5].reshape(-1, group).tolist()):
             # Rare path, taken by every rank alike: fetch the specs for a readable message.
             specs: list[Any] = [None] * self.world_size
-            dist.all_gather_object(specs, self.layout_spec, group=self.group)
+            with collective(op, self.group):
+                dist.all_gather_object(specs, self.layout_spec, group=self.group)
             per_rank = ", ".join(f"rank {r}: {s}" for r, s in enumerate(specs))
             raise BalancerError(
                 f"{op}: ranks computed different plans for this step (layouts {per_rank}); "
@@ -581,6 +596,7 @@ class Balancer:
 
     def _exchange(
         self,
+        op: str,
         tensors: Sequence[torch.Tensor],
         out_splits: np.ndarray,
         in_splits: np.ndarray,
@@ -601,7 +617,7 @@ class Balancer:
             buf = flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
             if pre_index is not None:
                 buf = buf.index_select(0, self.index(pre_index, device))
-            out = all_to_all(buf, out_splits.tolist(), in_splits.tolist(), self.group)
+            out = all_to_all(buf, out_splits.tolist(), in_splits.tolist(), self.group, op=op)
             if post_index is not None:
                 out = out.index_select(0, self.index(post_index, device))
             for i, part in zip(idxs, torch.split(out, widths, dim=1), strict=True):
@@ -618,8 +634,9 @@ class Balancer:
         tensors = (tokens, *features)
         self._agree(tensors, t.num_local_tokens, "route")
         out = self._exchange(
-            tensors, t.recv_splits, t.send_splits, "send_perm", None, t.num_balanced_tokens
-        )
+            "route", tensors, t.recv_splits, t.send_splits, "send_perm", None,
+            t.num_balanced_tokens,
+        )  # fmt: skip
         return out[0] if not features else tuple(out)
 
     def reverse_route(self, tokens: torch.Tensor, *features: torch.Tensor) -> Any:
@@ -628,8 +645,9 @@ class Balancer:
         tensors = (tokens, *features)
         self._agree(tensors, t.num_balanced_tokens, "reverse_route")
         out = self._exchange(
-            tensors, t.send_splits, t.recv_splits, None, "inverse_send_perm", t.num_local_tokens
-        )
+            "reverse_route", tensors, t.send_splits, t.recv_splits, None, "inverse_send_perm",
+            t.num_local_tokens,
+        )  # fmt: skip
         return out[0] if not features else tuple(out)
 
     # ---- balanced-layout metadata (known locally, no communication) --------------------------
@@ -670,13 +688,13 @@ class Balancer:
         gather = self.index("attn_gather", device)
         if q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype:
             x = _split_head_groups(torch.stack((q, k, v), dim=1), g)  # [g*T, 3, H/g, D]
-            y = all_to_all(x, outs, ins, self.bag_group).index_select(0, gather)
+            y = all_to_all(x, outs, ins, self.bag_group, op="pre_attn").index_select(0, gather)
             qs, ks, vs = y.unbind(dim=1)
         else:
             qs, ks, vs = (
-                all_to_all(_split_head_groups(x, g), outs, ins, self.bag_group).index_select(
-                    0, gather
-                )
+                all_to_all(
+                    _split_head_groups(x, g), outs, ins, self.bag_group, op="pre_attn"
+                ).index_select(0, gather)
                 for x in (q, k, v)
             )
         return AttnInputs(qs, ks, vs, cu, t.max_seqlen)
@@ -698,7 +716,7 @@ class Balancer:
         y = out.index_select(0, self.index("attn_scatter", out.device))
         ins = [int(s) for s in t.peer_splits]
         outs = [t.num_balanced_tokens] * g
-        back = all_to_all(y, outs, ins, self.bag_group)
+        back = all_to_all(y, outs, ins, self.bag_group, op="post_attn")
         return _merge_head_groups(back, g)
 
     def attention(
@@ -730,7 +748,7 @@ class Balancer:
         row = [code, a, b, c]
         if self.bag_size > 1 and has_cpu_backend(self.bag_group):
             info = torch.tensor(row, dtype=torch.int64)
-            rows = _gather_rows(info, self.bag_size, self.bag_group).tolist()
+            rows = _gather_rows(info, self.bag_size, self.bag_group, op).tolist()
         else:
             rows = [row]
         bad = [(self.bag_ranks[j], r) for j, r in enumerate(rows) if r[0] != 0]

@@ -1,4 +1,8 @@
-"""Autograd-aware ``all_to_all_single`` with split sizes (backward: same op, splits swapped)."""
+"""Autograd-aware ``all_to_all_single`` with split sizes (backward: same op, splits swapped).
+
+A failed exchange (a peer failed, stopped or was killed) raises the balancer's error naming
+the peer (:mod:`knapformer.distributed.failures`), in the forward and in the backward alike.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +11,35 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from knapformer.distributed.failures import collective
+
 __all__ = ["all_to_all"]
 
 
 def _a2a(
-    x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: dist.ProcessGroup | None
+    x: torch.Tensor,
+    out_splits: list[int],
+    in_splits: list[int],
+    group: dist.ProcessGroup | None,
+    op: str,
 ) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+    with collective(op, group):
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
     return out
 
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, out_splits, in_splits, group):  # type: ignore[override]
-        ctx.out_splits, ctx.in_splits, ctx.group = out_splits, in_splits, group
-        return _a2a(x, out_splits, in_splits, group)
+    def forward(ctx, x, out_splits, in_splits, group, op):  # type: ignore[override]
+        ctx.out_splits, ctx.in_splits, ctx.group, ctx.op = out_splits, in_splits, group, op
+        return _a2a(x, out_splits, in_splits, group, op)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return _a2a(grad, ctx.in_splits, ctx.out_splits, ctx.group), None, None, None
+        back = _a2a(grad, ctx.in_splits, ctx.out_splits, ctx.group, f"backward of {ctx.op}")
+        return back, None, None, None, None
 
 
 def all_to_all(
@@ -35,15 +47,16 @@ def all_to_all(
     out_splits: Sequence[int],
     in_splits: Sequence[int],
     group: dist.ProcessGroup | None = None,
+    op: str = "all_to_all",
 ) -> torch.Tensor:
     """Rows ``x[sum(in_splits[:j]) : ...]`` go to rank j; rows from rank j arrive in order.
 
     Exact for every dtype: bools travel as uint8 and integers in their own dtype, so integer
-    features (ids, positions) are never rounded.
+    features (ids, positions) are never rounded. ``op`` names the caller in errors.
     """
     outs, ins = [int(s) for s in out_splits], [int(s) for s in in_splits]
     if x.dtype == torch.bool:
-        return _a2a(x.to(torch.uint8), outs, ins, group).to(torch.bool)
+        return _a2a(x.to(torch.uint8), outs, ins, group, op).to(torch.bool)
     if not (x.requires_grad and torch.is_grad_enabled()):
-        return _a2a(x, outs, ins, group)
-    return _AllToAll.apply(x, outs, ins, group)
+        return _a2a(x, outs, ins, group, op)
+    return _AllToAll.apply(x, outs, ins, group, op)

@@ -157,7 +157,7 @@ def create_bag_groups(bags: Iterable[Sequence[int]], group: dist.ProcessGroup | 
     )
     for pad, granks in schedule.get(me, []):
         for _ in range(pad):  # single-rank groups: only to keep torch's group names in step
-            dist.new_group([me], use_local_synchronization=True)
+            dist.new_group([me], timeout=group_timeout(group), use_local_synchronization=True)
         _CACHE[_key(group, granks)] = dist.new_group(
             list(granks), timeout=group_timeout(group), use_local_synchronization=True
         )

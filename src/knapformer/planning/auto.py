@@ -18,6 +18,12 @@ is above the near-tie band, or it must split more tokens than the SP tie-break a
 bound is too high to push a pooled candidate out of the band. Skipped candidates are checked
 again against the final set, so the pick is the one over quick plans of every candidate (a test
 checks this). The same bags in another node order reuse the winner's plan.
+
+Makespans, bounds and levels here are modelled per-rank step times, exactly as
+:meth:`CostModel.rank_time` gives them: a bag's planned load plus ``f`` (every rank) and
+``u * (g-1)/g`` (a rank of a g-bag). ``f`` shifts every layout alike, but ``u`` makes layouts with
+larger bags cost more than their loads say, so it can change which layout wins. (Within a
+layout the quick plans balance the loads alone, as the planner does.)
 """
 
 from __future__ import annotations
@@ -111,10 +117,12 @@ def candidate_specs(
 ) -> list[str]:
     """Homogeneous layouts plus data-driven mixes of g1 bags and larger bags.
 
-    ``level`` is the per-GPU load the mixes are sized for (default: perfect balance, or the
-    longest sequence's best cost if higher); a second pass at the best makespan found is
-    how all-to-all overheads enter the sizing. ``table``: the step's cost table, if built;
-    ``flat``: the lengths as ``validate_lengths`` flattens them, if already done."""
+    ``level`` is the modelled per-rank step time (:meth:`CostModel.rank_time`) the mixes are
+    sized for (default: perfect balance, or the longest sequence's best time if higher): a
+    bag of size g holds sequences costing up to ``level - f - u(g-1)/g``; a second pass at the
+    best makespan found is how all-to-all overheads enter the sizing. ``table``: the step's
+    cost table, if built; ``flat``: the lengths as ``validate_lengths`` flattens them, if
+    already done."""
     sizes = allowed_bag_sizes(world_size, num_heads, gpus_per_node)
     if flat is None:
         flat, _ = validate_lengths(lengths, world_size)
@@ -137,10 +145,12 @@ def candidate_specs(
     tg = table.columns(sz) if table is not None else None
     if tg is None:
         tg = CostTable.build(cost, flat, sz).values  # [S, K]; sizes start at 1
+    off = np.asarray(cost.rank_time(0.0, sz), dtype=np.float64)  # [K] fixed cost of a rank
     # (no plan beats the longest sequence in its best bag, so the level is at least that)
     if level is None:
-        level = max(float(tg[:, 0].sum()) / world_size, float(tg.min(axis=1).max()))
-    fits = tg <= level * (1 + 1e-9)
+        level = max(float(tg[:, 0].sum()) / world_size + off[0], float((tg + off).min(1).max()))
+    room = level * (1 + 1e-9) - off  # [K] load a bag of each size may hold
+    fits = tg <= room
     big = ~fits[:, 0]
     if not big.any():
         return specs
@@ -148,11 +158,12 @@ def candidate_specs(
 
     def bags_needed(items: np.ndarray, k: int) -> int | None:
         loads: list[float] = []
+        cap = float(room[k])
         for x in sorted(tg[items, k].tolist(), reverse=True):
-            if x > level * (1 + 1e-9):
+            if x > cap:
                 return None
             for i, ld in enumerate(loads):
-                if ld + x <= level * (1 + 1e-9):
+                if ld + x <= cap:
                     loads[i] = ld + x
                     break
             else:
@@ -223,9 +234,26 @@ class _Step:
         self._bag_counts: dict[str, tuple[int, int]] = {}
         self._bags: dict[str, list[np.ndarray]] = {}  # evaluated plans, one per replica
         self._plans: dict[str, list[tuple[int, Problem, np.ndarray, float]]] = {}
+        self._offsets: dict[str, np.ndarray] = {}
 
     def layout(self, spec: str) -> BagLayout:
         return _parse(spec, self.world_size, self.num_heads)
+
+    def overhead(self, spec: str) -> np.ndarray:
+        """[bags per replica] fixed step cost of a rank of each bag of ``spec``:
+        ``rank_time(0, g) = f + u(g-1)/g`` (the same in every replica; cached)."""
+        got = self._offsets.get(spec)
+        if got is None:
+            lay = self.layout(spec)
+            sizes = np.asarray(lay.bag_sizes[: lay.bags_per_replica], dtype=np.float64)
+            got = self._offsets[spec] = np.asarray(self.cost.rank_time(0.0, sizes), np.float64)
+        return got
+
+    def _with_overhead(self, spec: str, load_bound: float) -> float:
+        """A lower bound on ``spec``'s modelled makespan from one on its bags' loads: some bag
+        carries that load plus at least the smallest fixed cost, and every rank pays its own."""
+        off = self.overhead(spec)
+        return max(load_bound + float(off.min()), float(off.max()))
 
     def bound(self, spec: str, strong: bool) -> float:
         """Makespan lower bound of ``spec`` (max over replicas): the simple bound (cheap) or
@@ -234,7 +262,8 @@ class _Step:
             return self.simple_bound(spec)
         key = (spec, True)
         if key not in self._bounds:
-            self._bounds[key] = max((p.lb for p in self.replica_problems(spec)), default=0.0)
+            lb = max((p.lb for p in self.replica_problems(spec)), default=0.0)
+            self._bounds[key] = self._with_overhead(spec, lb)
         return self._bounds[key]
 
     def replica_problems(self, spec: str):
@@ -254,8 +283,10 @@ class _Step:
             )
 
     def simple_bound(self, spec: str) -> float:
-        """``max(total min-work / N, max_s min_g t(L_s, g))`` straight from the table: for a
-        one-replica layout it depends only on its set of bag sizes (cached per set)."""
+        """``max(total min-work / N, max_s min_g t(L_s, g))`` straight from the table, with the
+        ranks' fixed costs ``o_g = rank_time(0, g)``: ``max((min-work + sum_r o_r) / N,
+        max_s min_g (t(L_s, g) + o_g), max_g o_g)``; for a one-replica layout it depends only
+        on its multiset of bag sizes (cached per multiset)."""
         key = (spec, False)
         if key not in self._bounds:
             self._bounds[key] = self._simple_bound(spec)
@@ -264,19 +295,26 @@ class _Step:
     def _simple_bound(self, spec: str) -> float:
         layout = self.layout(spec)
         if layout.num_replicas != 1:
-            return max(
+            lb = max(
                 (solvers.simple_lower_bound(p) for p in self.replica_problems(spec)), default=0.0
             )
-        key = tuple(sorted(set(layout.bag_sizes)))
+            return self._with_overhead(spec, lb)
+        key = tuple(sorted(layout.bag_sizes))
         if key not in self._size_bounds:
-            idx = np.searchsorted(self.table.sizes, key)
-            t = self.table.values[:, idx]
+            g = np.asarray(sorted(set(key)), dtype=np.float64)
+            o = np.asarray(self.cost.rank_time(0.0, g), dtype=np.float64)
+            fixed = float(sum(self.cost.rank_time(0.0, x) * x for x in key)) / self.world_size
+            t = self.table.values[:, np.searchsorted(self.table.sizes, g)]
             if t.shape[0] == 0:
-                self._size_bounds[key] = 0.0
+                self._size_bounds[key] = float(o.max())
             else:
-                work = (t * np.asarray(key, dtype=np.float64)).min(axis=1)
+                work = (t * g).min(axis=1)
                 self._size_bounds[key] = float(
-                    max(work.sum() / self.world_size, t.min(axis=1).max())
+                    max(
+                        work.sum() / self.world_size + fixed,
+                        (t + o).min(axis=1).max(),
+                        o.max(),
+                    )
                 )
         return self._size_bounds[key]
 
@@ -290,14 +328,16 @@ class _Step:
 
     def sp_floor(self, spec: str, level: float) -> float:
         """A lower bound on ``spec``'s share of tokens in multi-GPU bags for any plan whose
-        makespan is at most ``level``. Its n1 one-GPU bags hold at most ``n1 * level`` of cost
-        t(L, 1), and only sequences with t(L, 1) <= level: the most tokens that fit are bounded
-        by the fractional knapsack (sequences by tokens per cost, the last one split)."""
+        makespan (modelled rank time) is at most ``level``. Its n1 one-GPU bags hold at most
+        ``n1 * (level - f)`` of cost t(L, 1), and only sequences with t(L, 1) <= level - f: the
+        most tokens that fit are bounded by the fractional knapsack (sequences by tokens per
+        cost, the last one split)."""
         n1, nbags = self._one_gpu_bags(spec)
         if self.total_tokens == 0 or n1 == nbags:
             return 0.0
         if n1 == 0:
             return 1.0
+        level -= float(self.cost.rank_time(0.0, 1))  # (a 1-GPU bag's room for load: minus f)
         key = (n1, level)
         if key not in self._sp_floors:
             self._sp_floors[key] = self._sp_floor(n1, level)
@@ -337,8 +377,10 @@ class _Step:
         before the locality steps (enough to keep a current layout)."""
         if spec in self.evaluated:
             return self.evaluated[spec].makespan
+        off = self.overhead(spec)
         return max(
-            (float(p.bag_loads(bag).max()) for _, p, bag, _ in self._plan(spec)), default=0.0
+            (float((p.bag_loads(bag) + off).max()) for _, p, bag, _ in self._plan(spec)),
+            default=float(off.max()),
         )
 
     def _plan(self, spec: str) -> list[tuple[int, Problem, np.ndarray, float]]:
@@ -372,26 +414,28 @@ class _Step:
         if spec in self.evaluated:
             return self.evaluated[spec]
         seeds = self._seed_from(like, spec) if like is not None else None
+        off = self.overhead(spec)  # (the same bags in any order: the same fixed costs)
         if seeds is not None:
-            lb0 = self.evaluated[like].lower_bound  # type: ignore[index]
+            lb0 = self.evaluated[like].lower_bound - float(off.min())  # type: ignore[index]
             replicas = enumerate(self.replica_problems(spec))
             plans = [(r, p, seeds[r], lb0) for r, p in replicas if p.n]
         else:
             plans = [(r, p, bag.copy(), t) for r, p, bag, t in self._plan(spec)]
-        ms = lb = 0.0
+        ms = float(off.max())  # (every rank pays its fixed cost, even with nothing to do)
+        lb = 0.0
         sp = stay = 0
         bags = [np.zeros(0, dtype=np.int64)] * self.layout(spec).num_replicas
         for r, p, bag, target in plans:
-            load = p.bag_loads(bag)
+            load = p.bag_loads(bag) + off  # modelled rank times
             mk = float(load.max())
             # locality at no makespan cost: move sequences home (and, for a plan taken from
             # another order of the same bags, first relabel same-size bags)
             if seeds is not None:
                 locality._relabel_home(p, bag, load)
             locality._locality_pass(p, bag, load, mk)
-            load = p.bag_loads(bag)
+            load = p.bag_loads(bag) + off
             ms = max(ms, float(load.max()))
-            lb = max(lb, target)
+            lb = max(lb, target + float(off.min()))
             sp += int(p.lengths[p.sizes[bag] > 1].sum())
             stay += int(p.stay_home[bag == p.home].sum())
             bags[r] = bag
@@ -569,7 +613,8 @@ def local_ordering(
 
     The spec's bags are cut into node-sized chunks; chunks are assigned to nodes (greedy on
     the largest gain over the worst node for that chunk type) to maximise the tokens each
-    node's bags could keep from their own ranks under ``level``. A trailing partial node stays
+    node's bags could keep from their own ranks under ``level`` (a modelled rank time: a g-bag
+    holds up to ``level - rank_time(0, g)`` of load). A trailing partial node stays
     last. Returns ``spec`` itself when nothing better is found. ``table``: the step's cost
     table over (at least) the spec's bag sizes, if already built; ``validated``: ``(flat,
     src)`` from ``validate_lengths``, if already done."""
@@ -595,12 +640,13 @@ def local_ordering(
     if table is None or table.columns(np.asarray(sorted(set(bags)), dtype=np.int64)) is None:
         table = CostTable.build(cost, flat, set(bags))
     kept = _KeptTokens(flat, src, table, world)
+    room = {g: level - float(cost.rank_time(0.0, g)) for g in set(bags)}  # load a g-bag may hold
     score = np.zeros((len(types), nodes))
     for i, ch in enumerate(types):
         for j in range(nodes):
             start = j * gpus_per_node
             for g in ch:
-                score[i, j] += kept(start, g, level)
+                score[i, j] += kept(start, g, room[g])
                 start += g
     need = {t: chunks.count(t) for t in types}
     free = np.ones(nodes, dtype=bool)

@@ -1,7 +1,8 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (DCP): model, optimiser, trainer state.
 
 Layout: ``DIR/step_00000012/`` holds the DCP shards of the (FSDP2-sharded) model and optimiser
-plus ``trainer.json`` (step, balancer state, data position, config), and ``DIR/latest`` names
+plus ``trainer.json`` (step, balancer state, data position, config, the cost model in use and
+the online refit's state), and ``DIR/latest`` names
 the newest complete step directory. ``latest`` is replaced atomically only after every rank has
 finished writing, so a crash mid-save leaves the previous checkpoint in charge.
 """
@@ -20,7 +21,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from appshell.atomic import atomic_open
 from appshell.inputs import InputFileError, load_json, read_text
 
-__all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "read_trainer_state",
+    "save_checkpoint",
+]
 
 
 class CheckpointError(ValueError):
@@ -63,13 +70,23 @@ def latest_checkpoint(root: str | Path) -> Path:
     return path
 
 
-def load_checkpoint(root: str | Path, model: nn.Module, optim: Any) -> dict[str, Any]:
-    """Collective: restore model and optimiser in place; returns the trainer state."""
+def read_trainer_state(root: str | Path) -> dict[str, Any]:
+    """The latest checkpoint's trainer state (step, balancer, data position, config, cost
+    model), without touching the model: the trainer needs the cost model before building it."""
     path = latest_checkpoint(root)
     try:
         extra = load_json(path / "trainer.json", what="trainer state")
     except InputFileError as exc:
         raise CheckpointError(f"--resume: {exc}") from None
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"--resume: trainer state in {str(path)!r} is not a JSON object")
+    return extra
+
+
+def load_checkpoint(root: str | Path, model: nn.Module, optim: Any) -> dict[str, Any]:
+    """Collective: restore model and optimiser in place; returns the trainer state."""
+    path = latest_checkpoint(root)
+    extra = read_trainer_state(root)
     msd, osd = get_state_dict(model, optim)
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(path))

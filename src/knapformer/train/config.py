@@ -70,6 +70,8 @@ class BalanceConfig:
     cost: str = "flops"  # flops | calibrate | path to a cost profile JSON
     gamma: float = 1.0
     solver: str = "ours"
+    # online refit of the cost model from the measured per-rank times every K steps (0: off)
+    refit_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,8 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError("checkpointing or --resume needs checkpoint.dir (--checkpoint-dir)")
     if b.gamma < 0:
         raise ConfigError(f"config key 'balance.gamma': must be >= 0, got {b.gamma}")
+    if b.refit_steps < 0:
+        raise ConfigError(f"config key 'balance.refit_steps': must be >= 0, got {b.refit_steps}")
     if d.text_tokens_max < 0 or d.patch_px < 1:
         raise ConfigError("config keys 'data.text_tokens_max' >= 0 and 'data.patch_px' >= 1")
     try:

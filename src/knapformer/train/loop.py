@@ -6,6 +6,10 @@ CPU time, and the wall time the thread was runnable, so blocked collective waits
 steps AdamW, and gathers a few numbers so rank 0 can write one JSON record per step. The loss is
 the global mean over every visual token and channel, so balanced and unbalanced runs optimise
 the same objective and their losses agree to float tolerance.
+
+The cost model in use goes into every checkpoint and a resumed run plans with it (no new
+calibration); with ``balance.refit_steps`` it is refitted online from the logged per-rank times
+(:mod:`knapformer.train.refit`; rank 0 fits, every rank gets the same model by broadcast).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch.distributed as dist
 from knapformer.data.synthetic import SyntheticMixture, TrainBatch
 from knapformer.planning.cost import CostModel
 from knapformer.train.config import TrainConfig, check_world
+from knapformer.train.refit import CostRefit, rank_features
 
 __all__ = ["ThreadClock", "build_cost", "build_run", "init_distributed", "train", "train_step"]
 
@@ -178,8 +183,15 @@ def train_step(
         loads = np.asarray(plan.load_after, dtype=np.float64)
         after = cost.rank_time(float(loads[balancer.rank % loads.size]), balancer.bag_size)
     bag = balancer.bag_size if plan is not None else 1
+    if plan is not None:  # the basis of this rank's modelled time (for the online refit)
+        lay = plan.layout
+        mine = lay.bag_of_rank[balancer.rank % lay.world_size]
+        feats = rank_features(plan.lengths[plan.bag == mine], lay.bag_sizes[mine])
+    else:
+        feats = rank_features(np.asarray(batch.seq_lens), 1)
     stats = torch.tensor(
-        [cpu1 - cpu0, wall1 - wall0, float(tokens), float(sq.detach()), before, after, bag],
+        [cpu1 - cpu0, wall1 - wall0, float(tokens), float(sq.detach()), before, after, bag]
+        + [float(x) for x in feats],
         dtype=torch.float64,
         device=device,
     )
@@ -210,6 +222,7 @@ def train_step(
         "modelled_unbalanced_max_over_mean": float(load_before.max()) / mean,
         "rank_modelled_load": load_after.tolist(),
         "rank_bag_size": [int(x) for x in st[:, 6]],
+        "rank_cost_features": st[:, 7:].tolist(),  # [rank][a, b, c, e, f, u] basis
         **extra,
     }
 
@@ -218,7 +231,7 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
     """Run (or resume) training on the initialised process group; rank 0 returns the records."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from knapformer.train.checkpoint import load_checkpoint, save_checkpoint
+    from knapformer.train.checkpoint import load_checkpoint, read_trainer_state, save_checkpoint
 
     init_distributed(cfg.train.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -230,17 +243,31 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
     mcfg = cfg.model_config()
     data = mixture(cfg, mcfg, world)
     say = print if rank == 0 else (lambda *_a, **_k: None)
-    cost, calib = build_cost(cfg, log=say)
-    if calib is not None:
-        say(f"calibrated cost model, held-out MAPE per block type: {calib['heldout_mape_percent']}")
-
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
-    if calib is not None and cfg.balance.balancer.strip().lower() != "none":
-        from knapformer.train.costs import measure_bag_overhead
+    balanced = cfg.balance.balancer.strip().lower() != "none"
+    saved = read_trainer_state(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    if saved is not None and saved.get("cost") is not None:
+        # The model the run planned with (calibrated, measured, refitted): a new calibration
+        # would time differently and could change the plans, and with them the rounding.
+        cost = _saved_cost(saved["cost"])
+        say(f"resume: planning with the checkpoint's cost model ({cost.name})")
+    else:
+        cost, calib = build_cost(cfg, log=say)
+        if calib is not None:
+            mape = calib["heldout_mape_percent"]
+            say(f"calibrated cost model, held-out MAPE per block type: {mape}")
+        if calib is not None and balanced:
+            from knapformer.train.costs import measure_bag_overhead
 
-        cost, bag = measure_bag_overhead(cfg, cost, mesh, device)
-        if bag["unmodelled_s"]:
-            say(f"measured per-rank fixed cost of a g-bag: {cost.u * 1e3:.1f} ms * (g-1)/g")
+            cost, bag = measure_bag_overhead(cfg, cost, mesh, device)
+            if bag["unmodelled_s"]:
+                say(f"measured per-rank fixed cost of a g-bag: {cost.u * 1e3:.1f} ms * (g-1)/g")
+    refit = None
+    if cfg.balance.refit_steps and balanced:
+        refit = CostRefit(cost, cfg.balance.refit_steps)
+        if saved is not None and saved.get("cost_refit") is not None:
+            refit.load_state_dict(saved["cost_refit"])
+        cost = refit.current or cost
     model, balancer, optim = build_run(cfg, cost, mesh, device)
 
     start = 0
@@ -264,6 +291,11 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
             for step in range(start + 1, cfg.train.steps + 1):
                 tb = data.batch(step, rank, dtype=dtype)
                 rec = train_step(model, balancer, optim, tb, step, cost, clock, device)
+                if refit is not None:
+                    refit.observe(rec)  # (the record is the same on every rank)
+                    if refit.due(step):
+                        cost, rec["cost_refit"] = _refit_shared(refit)
+                        balancer.set_cost(cost)
                 if rank == 0:
                     records.append(rec)
                     if log_f is not None:
@@ -281,12 +313,45 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
                             "balancer": balancer.state_dict() if balancer is not None else None,
                             "data": {"seed": cfg.data.seed, "next_step": step + 1},
                             "config": cfg.to_dict(),
+                            "cost": cost.to_dict(),
+                            "cost_refit": refit.state_dict() if refit is not None else None,
                         },
                     )
     finally:
         if log_f is not None:
             log_f.close()
     return records
+
+
+def _saved_cost(d: Any) -> CostModel:
+    from knapformer.planning.cost import CostModelError
+    from knapformer.train.checkpoint import CheckpointError
+
+    try:
+        return CostModel.from_dict(d)
+    except CostModelError as exc:
+        raise CheckpointError(f"--resume: the checkpoint's cost model is invalid: {exc}") from None
+
+
+def _refit_shared(refit: CostRefit) -> tuple[CostModel, dict[str, Any]]:
+    """Collective: rank 0 refits the cost model on the samples so far and broadcasts it, so
+    every rank plans with the same model bit for bit. Returns the model in use and a summary
+    for the log (a failed fit keeps the current model and says why)."""
+    from knapformer.train.refit import RefitError
+
+    payload: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            fitted, stats = refit.fit()
+            payload[0] = (fitted.to_dict(), stats)
+        except RefitError as exc:
+            payload[0] = (None, {"error": str(exc)})
+    dist.broadcast_object_list(payload, src=0)
+    model, stats = payload[0]
+    if model is not None and dist.get_rank() != 0:
+        refit.adopt(CostModel.from_dict(model))
+    assert refit.current is not None
+    return refit.current, {**stats, "model": refit.current.to_dict()}
 
 
 class _progress:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import typer
-
 from appshell.cli import App
 from splatpainter import __version__
 
@@ -15,7 +13,4 @@ def main() -> None:
     """Run `COMMAND --help` for the options of each command."""
 
 
-@app.command()
-def version() -> None:
-    """Print the installed version."""
-    typer.echo(__version__)
+app.add_version_command(__version__)

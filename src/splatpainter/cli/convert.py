@@ -9,7 +9,7 @@ import typer
 
 from appshell.cli import JsonFlag, UserError, note, print_json
 from splatpainter.cli.app import app
-from splatpainter.cli.options import read_asset
+from splatpainter.cli.options import read_asset, write_asset
 
 
 @app.command()
@@ -20,7 +20,6 @@ def convert(
     json_out: JsonFlag = False,
 ) -> None:
     """Convert an asset between .ply and .splat (the output is written atomically)."""
-    from splatpainter.io import save_asset
     from splatpainter.io.ply import read_ply_with_extras
 
     out_ext = dst.suffix.lower()
@@ -34,12 +33,12 @@ def convert(
     if out_ext == ".splat":
         if asset.sh_degree > 0:
             note(f"note: .splat keeps only the DC colour; SH degree {asset.sh_degree} dropped")
-        save_asset(asset, dst, sort=sort)
+        write_asset(asset, dst, sort=sort)
     else:
         extras = {}
         if src.suffix.lower() == ".ply":
             extras = read_ply_with_extras(src)[1]
-        save_asset(asset, dst, extras=extras)
+        write_asset(asset, dst, extras=extras)
     if json_out:
         print_json({"in": str(src), "out": str(dst), "num_gaussians": asset.num_gaussians})
         return

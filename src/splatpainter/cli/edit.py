@@ -10,7 +10,13 @@ from appshell.atomic import check_outputs
 from appshell.cli import JsonFlag, UserError, note, print_json, status
 from appshell.inputs import check_regular_file
 from splatpainter.cli.app import app
-from splatpainter.cli.options import EditKind, EditMethod, kernel_warmup, read_asset
+from splatpainter.cli.options import (
+    EditKind,
+    EditMethod,
+    check_render_size,
+    kernel_warmup,
+    read_asset,
+)
 
 METHODS = tuple(m.value for m in EditMethod)
 UNTRAINED_WARNING = (
@@ -91,13 +97,15 @@ def edit(
     views = []
     for i, (cam_path, img_path) in enumerate(zip(view, image, strict=True)):
         cam = load_camera(cam_path)  # CameraError names the file
+        check_render_size(cam.width, cam.height, f"--view {cam_path}: camera size")
         m = load_mask(masks[i]) if masks else None
         views.append(EditView(cam, load_image(img_path), m, name=str(img_path)).validate())
 
     with status("loading the editor"):
         meth = make_method(method, weights, steps, kind)
     if session is not None and session.exists():
-        sess = EditSession.load(session, meth)
+        with status(f"reading the session {session}"):
+            sess = EditSession.load(session, meth)
     else:
         sess = EditSession(read_asset(asset_path), meth)
     if sess.asset.num_gaussians == 0:
@@ -105,9 +113,11 @@ def edit(
     kernel_warmup()
     with status(f"applying the edit ({method})"):
         sess.apply(views)
-    sess.export(out)
+    with status(f"writing {out}"):
+        sess.export(out)
     if session is not None:
-        sess.save(session)
+        with status(f"saving the session {session}"):
+            sess.save(session)
     changed = int((sess.history[-1].asset.sh != sess.history[-2].asset.sh).flatten(1).any(1).sum())
     result = {
         "method": method,

@@ -74,3 +74,11 @@ def read_asset(path: Any, **kwargs: Any) -> Any:
 
     with status(f"reading {path}"):
         return load_asset(path, **kwargs)
+
+
+def write_asset(asset: Any, path: Any, **kwargs: Any) -> None:
+    """save_asset under a spinner (it checks, encodes, parses back and writes atomically)."""
+    from splatpainter.io import save_asset
+
+    with status(f"writing {path}"):
+        save_asset(asset, path, **kwargs)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import typer
 
-from appshell.cli import App, JsonFlag, print_json
+from appshell.cli import App, JsonFlag, print_json, status
 from splatpainter.cli.app import app
+from splatpainter.cli.options import write_asset
 
 session_app = App(help="Inspect and rewind edit sessions (history, undo, redo, export).")
 app.add_typer(session_app, name="session")
@@ -45,7 +46,8 @@ def show(path: Path = FILE, json_out: JsonFlag = False) -> None:
     """List the edits of a session and which one is current."""
     from splatpainter.edit.session import StoredSession
 
-    summary = StoredSession.read(path).summary()
+    with status(f"reading {path}"):
+        summary = StoredSession.read(path).summary()
     if json_out:
         print_json(summary)
     else:
@@ -55,9 +57,11 @@ def show(path: Path = FILE, json_out: JsonFlag = False) -> None:
 def _move(path: Path, step: int, json_out: bool) -> None:
     from splatpainter.edit.session import StoredSession
 
-    stored = StoredSession.read(path)
+    with status(f"reading {path}"):
+        stored = StoredSession.read(path)
     index = stored.move(step)
-    stored.write()
+    with status(f"writing {path}"):
+        stored.write()
     summary = stored.summary()
     if json_out:
         print_json({"index": index, "entry": summary["entries"][index]})
@@ -87,12 +91,12 @@ def export(
 ) -> None:
     """Write the session's current asset (or entry --index) as .ply or .splat."""
     from splatpainter.edit.session import StoredSession
-    from splatpainter.io import save_asset
 
-    stored = StoredSession.read(path)
-    i = stored.index if index is None else index
-    asset = stored.asset_at(i)
-    save_asset(asset, out)
+    with status(f"reading {path}"):
+        stored = StoredSession.read(path)
+        i = stored.index if index is None else index
+        asset = stored.asset_at(i)
+    write_asset(asset, out)
     if json_out:
         print_json({"out": str(out), "index": i, "num_gaussians": asset.num_gaussians})
     else:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from appshell.inputs import InputFileError, load_torch
 from splatpainter.edit.methods import EditMethod
 from splatpainter.edit.views import EditInputError, EditView
 
@@ -201,12 +202,10 @@ class StoredSession:
     def read(cls, path: str | os.PathLike[str]) -> StoredSession:
         if not os.path.exists(path):
             raise SessionError(f"{path}: no such file")
-        if not os.path.isfile(path):
-            raise SessionError(f"{path}: not a regular file")
-        try:
-            d = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise SessionError(f"{path}: not a readable session file ({_first_line(e)})") from None
+        try:  # FIFOs, devices, foreign files: one line, before torch's unpickler
+            d = load_torch(path, what="session file")
+        except InputFileError as e:
+            raise SessionError(str(e)) from None
         if not isinstance(d, dict) or d.get("format") != SESSION_FORMAT:
             raise SessionError(f"{path}: not a {SESSION_FORMAT} file")
         version = d.get("version")

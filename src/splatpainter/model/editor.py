@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from appshell.atomic import atomic_write_with
-from appshell.inputs import InputFileError, check_regular_file, loads_json
+from appshell.inputs import InputFileError, check_regular_file, load_torch, loads_json
 from splatpainter.model.stage1 import (
     PreprocessViews,
     Stage1Config,
@@ -35,6 +35,7 @@ from splatpainter.model.stage1 import (
 from splatpainter.model.stage2 import Stage2Config, Stage2Editor
 
 CHECKPOINT_FORMAT = "splatpainter-editor"
+TRAIN_CHECKPOINT_FORMAT = "splatpainter-train"  # what `splatpainter train` writes
 CHECKPOINT_VERSION = 1
 DEFAULT_SEED = 0
 
@@ -153,18 +154,32 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
     atomic_write_with(path, lambda f: torch.save(obj, f))
 
 
+def _from_training_checkpoint(payload: dict[str, Any], path) -> dict[str, Any]:
+    """The editor envelope of a `splatpainter train` checkpoint (its model part): a run's
+    latest checkpoint can be evaluated or used while the run goes on."""
+    config, state = payload.get("config"), payload.get("model")
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise CheckpointError(f"{path}: training checkpoint has no model config")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: training checkpoint has no model weights")
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "config": config["model"],
+        "state_dict": state,
+        "trained": True,
+        "step": payload.get("step"),
+    }
+
+
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and check the envelope of a checkpoint file (not the weights)."""
     try:
-        check_regular_file(path, what="checkpoint")
+        payload = load_torch(path, what="checkpoint")
     except InputFileError as e:
         raise CheckpointError(str(e)) from None
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such file") from None
-    except Exception as e:
-        raise CheckpointError(f"{path}: not a readable torch checkpoint ({e})") from None
+    if isinstance(payload, dict) and payload.get("format") == TRAIN_CHECKPOINT_FORMAT:
+        payload = _from_training_checkpoint(payload, path)
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(f"{path}: not a {CHECKPOINT_FORMAT} checkpoint (format={got!r})")

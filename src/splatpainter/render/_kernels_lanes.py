@@ -183,6 +183,19 @@ def _runs(mx, ex, x_lo, x_hi):  # pragma: no cover - compiled
     return (p0 - x_lo) // LANES, (p1 - 1 - x_lo) // LANES + 1
 
 
+@njit(cache=True, inline="always")
+def _gaussian(rows, g, x_lo, y_lo, x_hi, y_hi):  # pragma: no cover - compiled
+    """Row ``g`` unpacked for a tile (shared by both passes): mean x, y, the tile rows
+    [y0, y1) and lane runs [r0, r1) of its alpha footprint, conic a, b, c, colour r, g, b,
+    opacity, depth. Only for rows with a footprint (column 11 >= 0)."""
+    mx = rows[g, 0]
+    my = rows[g, 1]
+    y0, y1 = _rows(my, rows[g, 11], y_lo, y_hi)
+    r0, r1 = _runs(mx, rows[g, 10], x_lo, x_hi)
+    return (mx, my, y0, y1, r0, r1, rows[g, 2], rows[g, 3], rows[g, 4],
+            rows[g, 5], rows[g, 6], rows[g, 7], rows[g, 8], rows[g, 9])  # fmt: skip
+
+
 @njit(cache=True, fastmath=_FLAGS)
 def _fwd_tile(
     rows, ids, start, end, x_lo, y_lo, x_hi, y_hi, n_runs, thr, st, last, xs, live_rows
@@ -211,21 +224,11 @@ def _fwd_tile(
         if n_live == 0:
             break
         g = ids[m]
-        ey = rows[g, 11]
-        if ey < 0.0:
+        if rows[g, 11] < 0.0:
             continue
-        mx = rows[g, 0]
-        my = rows[g, 1]
-        y0, y1 = _rows(my, ey, y_lo, y_hi)
-        r0, r1 = _runs(mx, rows[g, 10], x_lo, x_hi)
-        ca = rows[g, 2]
-        cb = rows[g, 3]
-        cc = rows[g, 4]
-        op = rows[g, 8]
-        cr = rows[g, 5]
-        cg = rows[g, 6]
-        cbl = rows[g, 7]
-        dep = rows[g, 9]
+        mx, my, y0, y1, r0, r1, ca, cb, cc, cr, cg, cbl, op, dep = _gaussian(
+            rows, g, x_lo, y_lo, x_hi, y_hi
+        )
         mi = np.int32(m + 1)
         for py in range(y0, y1):
             iy = py - y_lo
@@ -404,36 +407,32 @@ def _bwd_tile(
                 st[j, _B_R2 * LANES + ln] = _ZERO
                 st[j, _B_RD * LANES + ln] = _ZERO
         max_last = max(max_last, row_end[iy])
+    for k in range(PACK * LANES):
+        acc[k] = _ZERO
     for m in range(max_last - 1, start - 1, -1):
-        for k in range(PACK * LANES):
-            acc[k] = _ZERO
         g = ids[m]
-        ey = rows[g, 11]
-        if ey >= 0.0:
-            mx = rows[g, 0]
-            my = rows[g, 1]
-            y0, y1 = _rows(my, ey, y_lo, y_hi)
-            r0, r1 = _runs(mx, rows[g, 10], x_lo, x_hi)
-            ca = rows[g, 2]
-            cb = rows[g, 3]
-            cc = rows[g, 4]
-            cr = rows[g, 5]
-            cg = rows[g, 6]
-            cbl = rows[g, 7]
-            op = rows[g, 8]
-            dep = rows[g, 9]
-            mi = np.int32(m)
-            for py in range(y0, y1):
-                iy = py - y_lo
-                if m >= row_end[iy]:
-                    continue  # every pixel of this row stopped before this Gaussian
-                dy = my - (_F(py) + _HALF)
-                cdy = cc * dy * dy
-                for r in range(r0, r1):
-                    j = iy * n_runs + r
-                    _bwd_run(st, j, last, xs, r, acc, mi, mx, dy, cdy, ca, cb, cc, op,
-                             cr, cg, cbl, dep, amax, amin)  # fmt: skip
-        _lane_sums(acc, grads, m)
+        if rows[g, 11] < 0.0:
+            continue
+        mx, my, y0, y1, r0, r1, ca, cb, cc, cr, cg, cbl, op, dep = _gaussian(
+            rows, g, x_lo, y_lo, x_hi, y_hi
+        )
+        mi = np.int32(m)
+        touched = False
+        for py in range(y0, y1):
+            iy = py - y_lo
+            if m >= row_end[iy] or r1 <= r0:
+                continue  # every pixel of this row stopped before this Gaussian
+            touched = True
+            dy = my - (_F(py) + _HALF)
+            cdy = cc * dy * dy
+            for r in range(r0, r1):
+                j = iy * n_runs + r
+                _bwd_run(st, j, last, xs, r, acc, mi, mx, dy, cdy, ca, cb, cc, op,
+                         cr, cg, cbl, dep, amax, amin)  # fmt: skip
+        if touched:  # else its row of ``grads`` stays zero
+            _lane_sums(acc, grads, m)
+            for k in range(PACK * LANES):
+                acc[k] = _ZERO
 
 
 @njit(parallel=True, cache=True)

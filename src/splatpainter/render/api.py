@@ -120,11 +120,10 @@ def _validate(
     )
     _check(bool(torch.isfinite(K).all()), "K has non-finite entries")
     _check(bool(torch.isfinite(world_to_cam).all()), "world_to_cam has non-finite entries")
-    kk = K.reshape(-1, 3, 3)
-    _check(
-        bool((kk[:, 0, 0] > 0).all()) and bool((kk[:, 1, 1] > 0).all()),
-        f"focal lengths must be positive, got fx={kk[:, 0, 0].tolist()}, fy={kk[:, 1, 1].tolist()}",
-    )
+    focal = K.reshape(-1, 3, 3).diagonal(dim1=1, dim2=2)[:, :2]  # [C or 1, (fx, fy)]
+    if not bool((focal > 0).all()):
+        fx, fy = focal[:, 0].tolist(), focal[:, 1].tolist()
+        raise RenderError(f"focal lengths must be positive, got fx={fx}, fy={fy}")
     for name, v in (("width", width), ("height", height)):
         _check(
             isinstance(v, int) and not isinstance(v, bool) and v > 0,

@@ -100,8 +100,9 @@ class _ProjectNumba(torch.autograd.Function):
             return _np32(v) if v is not None else np.zeros(shape, np.float32)
 
         grads = (arr(v_means2d, (n, 2)), arr(v_conics, (n, 3)), arr(v_depths, n))
+        want_cam = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
         v_means, v_quats, v_logs, v_cam = _kernels_proj.project_backward(
-            *arrays, *cam, extents, *grads, arr(v_comps, n)
+            *arrays, *cam, extents, *grads, arr(v_comps, n), want_cam
         )
         w2c, K = ctx.like
         v_w2c = v_k = None
@@ -135,8 +136,9 @@ class _ShNumba(torch.autograd.Function):
         v_sh, v_means = _kernels_proj.sh_backward(
             means, sh, cp, degree, shc, visible, _np32(v_colors)
         )
-        # colour depends on (mean - camera centre): the centre gets minus the means' gradient
-        v_cp = _grad_like(-v_means.astype(np.float64).sum(axis=0), ctx.like)
+        v_cp = None
+        if ctx.needs_input_grad[2]:  # colour depends on (mean - camera centre)
+            v_cp = _grad_like(-v_means.astype(np.float64).sum(axis=0), ctx.like)
         return torch.from_numpy(v_means), torch.from_numpy(v_sh), v_cp, None, None, None
 
 
@@ -245,10 +247,11 @@ class _RasterizeNumba(torch.autograd.Function):
             final_t, last_idx, g_rgb, g_a, g_d, numba.get_num_threads(),
         )  # fmt: skip
         per_g = torch.from_numpy(_kernels.reduce_grads(ids, hit, grads, ctx.n))
-        # the background shows through with weight T_final at every pixel
-        v_bg = torch.from_numpy(
-            np.einsum("hwc,hw->c", g_rgb.astype(np.float64), final_t.astype(np.float64))
-        ).float()
+        v_bg = None
+        if ctx.needs_input_grad[6]:  # the background shows through with weight T_final
+            v_bg = torch.from_numpy(
+                np.einsum("hwc,hw->c", g_rgb.astype(np.float64), final_t.astype(np.float64))
+            ).float()
         return (per_g[:, 0:2], per_g[:, 2:5], per_g[:, 5:8], per_g[:, 8], per_g[:, 9],
                 None, v_bg, None, None)  # fmt: skip
 

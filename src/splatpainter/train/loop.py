@@ -30,7 +30,12 @@ import torch
 
 from appshell.atomic import atomic_write_with
 from splatpainter.camera import Camera
-from splatpainter.model.editor import EditorModel, load_weights, save_weights
+from splatpainter.model.editor import (
+    TRAIN_CHECKPOINT_FORMAT,
+    EditorModel,
+    load_weights,
+    save_weights,
+)
 from splatpainter.train.config import ConfigError, TrainConfig
 from splatpainter.train.data import with_base_colors
 from splatpainter.train.examples import (
@@ -138,7 +143,7 @@ def _example_order(cfg: TrainConfig, step: int) -> int:
 
 def _save_checkpoint(out: Path, model, opt, step: int, cfg: TrainConfig) -> None:
     payload = {
-        "format": "splatpainter-train",
+        "format": TRAIN_CHECKPOINT_FORMAT,
         "step": step,
         "config": cfg.to_dict(),
         "model": model.state_dict(),

@@ -6,7 +6,10 @@
 * :mod:`.construction`, :mod:`.local_search`, :mod:`.locality`: the parts of
 * :mod:`.search`: ``local-search`` (alias ``ours``), the default, never worse than reference;
 * :mod:`.exact`: the HiGHS MILP for small instances;
-* :mod:`.driver`: options, replicas and the step-level guarantee.
+* :mod:`.driver`: options, replicas and the step-level guarantee;
+* :mod:`.fast`: whether the hot loops (reference greedy, LPT, best fit, pair rounds) run as
+  compiled numba kernels (:mod:`._kernels`, the default) or as their plain Python versions,
+  which give the same plans bit for bit.
 
 Errors live in :mod:`knapformer.planning.errors`; nothing here imports ``planning.plan``.
 """

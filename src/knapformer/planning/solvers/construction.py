@@ -9,12 +9,28 @@ import heapq
 import numpy as np
 
 from knapformer.planning.errors import InfeasibleError
+from knapformer.planning.solvers import fast
 from knapformer.planning.solvers.problem import _REL_EPS, Problem, _stable_argsort_int
 
 _WF_STOP = 4  # water-fill stages halve until at most this many items per bag remain
 
 
 def _lpt_into(p: Problem, items: np.ndarray, bag: np.ndarray, load: np.ndarray) -> None:
+    """LPT (in place), compiled when available (:func:`_lpt_into_py` is the plain version)."""
+    if items.size == 0:
+        return
+    kern = fast.kernels()
+    if kern is None:
+        _lpt_into_py(p, items, bag, load)
+        return
+    K = p.class_sizes.shape[0]
+    kern.lpt_into(
+        p.tg, fast.writable(items), fast.writable(p.home), fast.writable(p.cls), K, bag, load,
+        1.0 + _REL_EPS,
+    )  # fmt: skip
+
+
+def _lpt_into_py(p: Problem, items: np.ndarray, bag: np.ndarray, load: np.ndarray) -> None:
     """LPT (in place): each item, in the given order, goes to the bag minimising its resulting
     per-GPU finish time; ties go to the item's home bag, then to the lowest bag index.
 
@@ -261,6 +277,17 @@ def _water_fill_into(
 
 
 def _best_fit_into(
+    p: Problem, items: np.ndarray, bag: np.ndarray, load: np.ndarray, level: float
+) -> np.ndarray:
+    """:func:`_best_fit_into_py`, compiled when available."""
+    kern = fast.kernels()
+    if kern is None:
+        return _best_fit_into_py(p, items, bag, load, level)
+    K = p.class_sizes.shape[0]
+    return kern.best_fit_into(p.tg, fast.writable(items), fast.writable(p.cls), K, bag, load, level)
+
+
+def _best_fit_into_py(
     p: Problem, items: np.ndarray, bag: np.ndarray, load: np.ndarray, level: float
 ) -> np.ndarray:
     """Best-fit decreasing up to ``level``: each item (largest first) goes to the bag whose

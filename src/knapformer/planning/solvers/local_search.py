@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from knapformer.planning.solvers import fast
 from knapformer.planning.solvers.bounds import _row_reduce
 from knapformer.planning.solvers.problem import _REL_EPS, Problem
 
@@ -29,6 +30,29 @@ def _first_index(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pair_round(
+    p: Problem,
+    bag: np.ndarray,
+    load: np.ndarray,
+    target: float,
+    toks: np.ndarray | None,
+    tokk: np.ndarray | None,
+    nb: int = 4,
+) -> int:
+    """:func:`_pair_round_np`, compiled when available."""
+    kern = fast.kernels()
+    if kern is None:
+        return _pair_round_np(p, bag, load, target, toks, tokk, nb)
+    budget = -1 if p.max_tokens is None else int(p.max_tokens)
+    return int(
+        kern.pair_round(
+            p.tg, p.w1, p.w1_scale, fast.writable(p.sizes), fast.writable(p.cls), bag, load,
+            target, budget, fast.NO_TOKS if toks is None else toks,
+            fast.NO_TOKK if tokk is None else tokk, nb, _ALL_PAIRS_MAX, 1e-12,
+        )
+    )  # fmt: skip
+
+
+def _pair_round_np(
     p: Problem,
     bag: np.ndarray,
     load: np.ndarray,

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from knapformer.planning.solvers import fast
 from knapformer.planning.solvers.problem import Problem
 from knapformer.planning.solvers.registry import register_solver
 
@@ -38,18 +39,23 @@ def solve_reference(p: Problem) -> tuple[np.ndarray, dict[str, Any]]:
     gs = p.class_sizes.tolist()
     K = len(gs)
     caps = [C * g for g in gs]
-    # One heap per size class, keyed (occupancy, bag): within a class, bags in spec order are
-    # in the published order, and classes are compared in increasing size, so the first
-    # minimum found is the published tie-break.
-    heaps: list[list[tuple[float, int]]] = [[] for _ in range(K)]
-    for b, k in enumerate(p.cls.tolist()):
-        heaps[k].append((0.0, b))
     wo = w[order]
     # candidate classes form a range: capacity grows with g, and L >= g holds for small g
     lo = np.searchsorted(np.asarray(caps), wo, side="left")
     hi = np.searchsorted(p.class_sizes, p.lengths[order], side="right") - 1
     none = lo > hi
     lo[none] = hi[none] = K - 1  # no candidate: every bag of the largest size
+    kern = fast.kernels()
+    if kern is not None:  # the same loop, compiled
+        div = np.asarray(_divisors(caps))
+        bag[order] = kern.reference_assign(wo, lo, hi, fast.writable(p.cls), K, div)
+        return bag, {}
+    # One heap per size class, keyed (occupancy, bag): within a class, bags in spec order are
+    # in the published order, and classes are compared in increasing size, so the first
+    # minimum found is the published tie-break.
+    heaps: list[list[tuple[float, int]]] = [[] for _ in range(K)]
+    for b, k in enumerate(p.cls.tolist()):
+        heaps[k].append((0.0, b))
     # Runs of sequences for which every class is a candidate (the bulk) use one heap over all
     # bags keyed (occupancy, class, bag): the same order as the published tie-break.
     full = (lo == 0) & (hi == K - 1)

@@ -1,24 +1,23 @@
-// SplatPainter browser editor. Frames come from the server's renderer: JPEG at half size while
-// dragging, PNG at full size when the view rests. Paint, mask and colour adjustments are layers
+// SplatPainter browser editor. Frames come from the server's renderer at the view's full size:
+// JPEG while dragging, PNG (lossless) when the view rests. Paint, mask and colour adjustments are layers
 // over the resting PNG; "Apply" sends their composite with the orbit parameters of that view, so
 // the server fits the edit on exactly the pixels painted on. No network access but this server.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const SIZE = 512;
-const DRAG_SIZE = 256;
 const IDLE_MS = 140;
 
 const sp = {
   sid: null, info: null, cfg: null,
   view: { az: 30, el: 20, zoom: 1, pan_x: 0, pan_y: 0 },
-  frame: null,        // the last frame shown (any size)
+  frame: null,        // the last frame shown (a JPEG while dragging, else the PNG)
   base: null,         // full-size ImageBitmap of `baseView` at `baseEpoch` (what edits paint on)
   baseBlob: null, baseView: null, baseEpoch: -1,
   epoch: 0,           // bumps whenever the asset changes (apply, undo, ...)
   edited: null,       // an uploaded edited image for this view
   hasPaint: false, hasMask: false,
-  frames: 0, fullFrames: 0, fps: 0, applying: false,
+  frames: 0, fullFrames: 0, dragFrames: 0, dragSize: null, fps: 0, applying: false,
 };
 window.sp = sp; // for tests and for poking at it from the console
 
@@ -92,8 +91,7 @@ async function pump() {
   const mySeq = ++seq;
   markReady();
   const v = { ...sp.view }, epoch = sp.epoch, sid = sp.sid;
-  const size = full ? SIZE : DRAG_SIZE;
-  const q = viewQuery(v, size, size);
+  const q = viewQuery(v, SIZE, SIZE);
   q.set("fmt", full ? "png" : "jpeg");
   try {
     const r = await fetch(`/api/sessions/${sid}/render?${q}`);
@@ -105,6 +103,8 @@ async function pump() {
     sp.frame = bmp;
     sp.frames += 1;
     if (!full) {  // the frame rate while dragging: frames over the last second
+      sp.dragFrames += 1;
+      sp.dragSize = [bmp.width, bmp.height];
       const now = performance.now();
       fpsWindow = fpsWindow.filter((t) => now - t < 1000).concat([now]);
       sp.fps = fpsWindow.length > 1 ? (1000 * (fpsWindow.length - 1)) / (now - fpsWindow[0]) : 0;
@@ -129,7 +129,11 @@ async function pump() {
   }
 }
 
+// The view reaches the server after a pause (it is saved with the session, for a server restart
+// or another browser) and this browser's storage at once, so a reload within the pause still
+// comes back to it.
 function scheduleViewSave() {
+  try { localStorage.setItem(viewKey(), JSON.stringify(sp.view)); } catch (e) { /* not kept */ }
   clearTimeout(viewSaveTimer);
   viewSaveTimer = setTimeout(() => {
     if (!sp.sid) return;
@@ -199,7 +203,7 @@ function compose(target, source) {
     applyHsv(img, weights);
     c.putImageData(img, 0, 0);
   }
-  c.drawImage(paintLayer, 0, 0);
+  if (sp.hasPaint) c.drawImage(paintLayer, 0, 0); // (else empty: no blend per frame)
 }
 
 function redraw() {
@@ -292,6 +296,17 @@ function clearEdits() {
 // The server keeps the applied history and the view; paint and mask not yet applied stay in this
 // browser (localStorage, per session), tied to the view and history entry they were painted on.
 const draftKey = () => `splatpainter-draft-${sp.sid}`;
+const viewKey = () => `splatpainter-view-${sp.sid}`;
+
+function loadLocalView() {
+  try {
+    const v = JSON.parse(localStorage.getItem(viewKey()) || "null");
+    const ok = v && [v.az, v.el, v.zoom, v.pan_x, v.pan_y].every(Number.isFinite)
+      && Math.abs(v.el) <= 89 && v.zoom >= 0.05 && v.zoom <= 20
+      && Math.abs(v.pan_x) <= 10 && Math.abs(v.pan_y) <= 10;
+    return ok ? { az: v.az, el: v.el, zoom: v.zoom, pan_x: v.pan_x, pan_y: v.pan_y } : null;
+  } catch (e) { return null; }
+}
 
 function saveDraft() {
   if (!sp.sid) return;
@@ -416,9 +431,9 @@ function setSession(info) {
   history_replace(info.id);
   const draft = loadDraft();
   const { az, el, zoom, pan_x, pan_y } = info.view;
-  sp.view = { az, el, zoom, pan_x, pan_y };
-  // Unapplied paint was made on its own view: come back to it (the page may have been left
-  // before the debounced view save reached the server).
+  // The view this browser saw last (the server's copy may be older: its save waits for a
+  // pause); unapplied paint brings back the view it was painted on.
+  sp.view = loadLocalView() || { az, el, zoom, pan_x, pan_y };
   const resume = draft && draft.index === info.index && draft.view;
   if (resume) sp.view = { ...draft.view };
   sp.base = null; sp.frame = null;

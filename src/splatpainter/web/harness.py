@@ -1,0 +1,114 @@
+"""The editor run the way a user runs it, for the browser tests and `benchmarks/web_fps.py`:
+`splatpainter serve` as a child process (its printed URL read back, so port 0 works) and
+Debian's headless Chromium driven by Playwright (never a browser Playwright downloads).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--use-angle=swiftshader",
+    "--enable-unsafe-swiftshader",
+)
+URL_LINE = re.compile(r"serving SplatPainter on (http://\S+)")
+
+
+class ServerProcess:
+    """`splatpainter serve --port 0 --workdir WORK [ASSET] [ARGS...]` in a child process.
+
+    A context manager: entering waits (up to `timeout` s) for the URL it prints; leaving stops
+    it (terminate, then kill). `output` keeps what it printed.
+    """
+
+    def __init__(
+        self, workdir: Path, asset: Path | None = None, *args: str, timeout: float = 600.0
+    ) -> None:
+        self.cmd = [sys.executable, "-m", "splatpainter.cli", "serve", "--port", "0"]
+        self.cmd += ["--workdir", str(workdir), *args]
+        if asset is not None:
+            self.cmd.append(str(asset))
+        self.timeout = timeout
+        self.output: list[str] = []
+        self.url = ""
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> ServerProcess:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        lines: queue.Queue = queue.Queue()
+
+        def drain() -> None:  # keeps reading, so the server never blocks on a full pipe
+            for line in self.proc.stdout:
+                lines.put(line)
+
+        threading.Thread(target=drain, daemon=True).start()
+        deadline = time.monotonic() + self.timeout
+        try:
+            while not self.url and time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    line = lines.get(timeout=1)
+                except queue.Empty:
+                    continue
+                self.output.append(line)
+                m = URL_LINE.search(line)
+                self.url = m.group(1) if m else ""
+            if not self.url:
+                raise RuntimeError(f"the server did not start: {''.join(self.output)[-2000:]}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=20)
+
+
+def chromium_missing() -> str | None:
+    """Why the browser cannot be driven here (None: it can)."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError as e:
+        return f"the playwright package is missing ({e}); bash scripts/setup.sh installs it"
+    if not os.access(CHROMIUM, os.X_OK):
+        return (
+            f"{CHROMIUM} is missing: scripts/test.sh installs Debian's chromium with apt when apt "
+            "is there and permitted (root or sudo); it was not installed here"
+        )
+    return None
+
+
+def launch_chromium(playwright):
+    """Headless Debian Chromium from a started `sync_playwright()`."""
+    return playwright.chromium.launch(
+        executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True
+    )
