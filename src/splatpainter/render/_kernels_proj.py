@@ -528,6 +528,20 @@ def _direction(means, i, campos):  # pragma: no cover
     return dx * inv, dy * inv, dz * inv, nrm
 
 
+@njit(cache=True, inline="always")
+def _sh_colour(basis, sh, i, kk):  # pragma: no cover
+    """The three channels of Gaussian ``i``'s SH expansion over the first ``kk`` basis values
+    (before the +0.5 offset and the clamp)."""
+    c0 = 0.0
+    c1 = 0.0
+    c2 = 0.0
+    for k in range(kk):
+        c0 += basis[k] * sh[i, k, 0]
+        c1 += basis[k] * sh[i, k, 1]
+        c2 += basis[k] * sh[i, k, 2]
+    return c0, c1, c2
+
+
 @njit(parallel=True, cache=True)
 def sh_forward(means, sh, campos, degree, shc, visible):  # pragma: no cover
     """RGB [N,3] = max(SH(dir) + 0.5, 0), dir = normalised (mean - camera centre).
@@ -546,13 +560,7 @@ def sh_forward(means, sh, campos, degree, shc, visible):  # pragma: no cover
                 continue
             ux, uy, uz, _ = _direction(means, i, campos)
             _sh_basis(ux, uy, uz, degree, shc, basis, dbasis, False)
-            c0 = 0.0
-            c1 = 0.0
-            c2 = 0.0
-            for k in range(kk):
-                c0 += basis[k] * sh[i, k, 0]
-                c1 += basis[k] * sh[i, k, 1]
-                c2 += basis[k] * sh[i, k, 2]
+            c0, c1, c2 = _sh_colour(basis, sh, i, kk)
             out[i, 0] = max(c0 + 0.5, 0.0)
             out[i, 1] = max(c1 + 0.5, 0.0)
             out[i, 2] = max(c2 + 0.5, 0.0)
@@ -577,13 +585,7 @@ def sh_backward(means, sh, campos, degree, shc, visible, v_colors):  # pragma: n
                 continue
             ux, uy, uz, nrm = _direction(means, i, campos)
             _sh_basis(ux, uy, uz, degree, shc, basis, dbasis, True)
-            c0 = 0.0
-            c1 = 0.0
-            c2 = 0.0
-            for k in range(kk):
-                c0 += basis[k] * sh[i, k, 0]
-                c1 += basis[k] * sh[i, k, 1]
-                c2 += basis[k] * sh[i, k, 2]
+            c0, c1, c2 = _sh_colour(basis, sh, i, kk)
             # a clamped channel (colour + 0.5 < 0) has no gradient
             v0 = np.float64(v_colors[i, 0]) if c0 + 0.5 >= 0.0 else 0.0
             v1 = np.float64(v_colors[i, 1]) if c1 + 0.5 >= 0.0 else 0.0
