@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from appshell.errors import UserError
+from appshell.errors import UserError, first_line
 
 MiB = 1 << 20
 MAX_JSON_BYTES = 64 * MiB
@@ -164,11 +164,6 @@ __all__ = [
 ]
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 def load_torch(path: str | os.PathLike[str], *, what: str = "torch file") -> Any:
     """``torch.load(path, weights_only=True)`` of a user file, every failure one line.
 
@@ -187,7 +182,7 @@ def load_torch(path: str | os.PathLike[str], *, what: str = "torch file") -> Any
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        why = _first_line(e)
+        why = first_line(e)
         if "Weights only load failed" in why:  # torch's advice to unpickle it unsafely
             why = "it holds objects a safe load refuses"
         raise InputFileError(f"{path}: not a readable {what} ({why})") from None

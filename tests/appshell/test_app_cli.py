@@ -76,3 +76,11 @@ def test_parse_device():
     else:
         with pytest.raises(UserError, match="CUDA device"):
             parse_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_first_line_of_any_message():
+    from appshell.errors import first_line
+
+    assert first_line(ValueError("\n  bad input  \nmore detail")) == "bad input"
+    assert first_line(ValueError("")) == "ValueError"  # no message: its type, never an IndexError
+    assert first_line(RuntimeError(" \n \n")) == "RuntimeError"

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
+from appshell.errors import first_line
 from knapformer.distributed.groups import group_timeout
 
 __all__ = ["REPORT_WAIT_S", "SKEW_S", "BalancerError", "collective", "collective_failure"]
@@ -48,11 +49,6 @@ def _fmt_ranks(ranks: list[int]) -> str:
     return shown + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
 def _unreported(ranks: list[int], me: int, deadline: float) -> tuple[list[int] | None, str | None]:
     """The ranks of ``ranks`` whose report has not arrived by ``deadline`` (None: unknown)."""
     key = "knapformer/collective-failure/" + "-".join(map(str, ranks))
@@ -67,7 +63,7 @@ def _unreported(ranks: list[int], me: int, deadline: float) -> tuple[list[int] |
             time.sleep(0.05)
         return [r for r in ranks if r != me and not store.check([keys[r]])], None
     except Exception as exc:  # the store itself is gone (e.g. its host rank was killed)
-        return None, _first_line(exc)
+        return None, first_line(exc)
 
 
 def collective_failure(
@@ -97,7 +93,7 @@ def collective_failure(
         )
     else:
         who = "every peer reported the same failure"
-    return BalancerError(f"{where}: {who} [{_first_line(exc)}]")
+    return BalancerError(f"{where}: {who} [{first_line(exc)}]")
 
 
 @contextlib.contextmanager

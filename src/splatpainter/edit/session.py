@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from appshell.errors import first_line
 from appshell.inputs import InputFileError, load_torch
 from splatpainter.edit.methods import EditMethod
 from splatpainter.edit.views import EditInputError, EditView
@@ -181,11 +182,6 @@ def _unpack_view(d: dict[str, Any]) -> EditView:
     )
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 # ---------------------------------------------------------------------- the file, method-free
 class StoredSession:
     """A session file as plain data (version 2 layout in memory, whatever was on disk).
@@ -224,7 +220,7 @@ class StoredSession:
             if not isinstance(d["method"], dict):
                 raise SessionError("no method description")
         except (KeyError, TypeError, SessionError) as e:
-            raise SessionError(f"{path}: damaged session file ({_first_line(e)})") from None
+            raise SessionError(f"{path}: damaged session file ({first_line(e)})") from None
         return cls(d, path)
 
     @property
@@ -250,7 +246,7 @@ class StoredSession:
             return out
         except (KeyError, TypeError, IndexError, RuntimeError, AttributeError) as e:
             raise SessionError(
-                f"{self.path or 'session'}: damaged session file ({_first_line(e)})"
+                f"{self.path or 'session'}: damaged session file ({first_line(e)})"
             ) from None
 
     def asset_at(self, index: int | None = None):
@@ -511,6 +507,6 @@ class EditSession:
                     )
                 )
         except (KeyError, TypeError, IndexError, RuntimeError, ValueError) as e:
-            raise SessionError(f"{path}: damaged session file ({_first_line(e)})") from None
+            raise SessionError(f"{path}: damaged session file ({first_line(e)})") from None
         self._index = stored.index
         return self

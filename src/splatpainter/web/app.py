@@ -22,6 +22,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 
+from appshell.errors import first_line
 from appshell.inputs import InputFileError, loads_json
 from splatpainter import __version__
 from splatpainter.web.store import METHODS, Busy, NotFound, SessionError, SessionStore
@@ -204,7 +205,7 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
     @app.exception_handler(ValueError)
     async def _bad_value(request: Request, exc: ValueError):
         # AssetFormatError, CameraError, EditInputError, RenderError, WebInputError
-        return JSONResponse({"detail": str(exc).splitlines()[0]}, status_code=400)
+        return JSONResponse({"detail": first_line(exc)}, status_code=400)
 
     @app.exception_handler(OSError)
     async def _os_error(request: Request, exc: OSError):
