@@ -162,6 +162,14 @@ def _interleaved_tile(k, n_tiles, n_threads):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
+def _tile_box(t, tiles_x, tile, width, height):  # pragma: no cover - compiled
+    """Pixel box [x_lo, x_hi) x [y_lo, y_hi) of tile ``t`` (row-major), clipped to the image."""
+    x_lo = (t % tiles_x) * tile
+    y_lo = (t // tiles_x) * tile
+    return x_lo, y_lo, min(x_lo + tile, width), min(y_lo + tile, height)
+
+
+@njit(cache=True, inline="always")
 def _rows(my, ey, y_lo, y_hi):  # pragma: no cover - compiled
     """Rows [y0, y1) whose pixel centres are within ``ey`` of ``my`` (and in the tile)."""
     c = np.float64(my)
@@ -270,10 +278,7 @@ def raster_forward(
         t = _interleaved_tile(k, n_tiles, n_thr)
         if t < 0:
             continue
-        x_lo = (t % tiles_x) * tile
-        y_lo = (t // tiles_x) * tile
-        x_hi = min(x_lo + tile, width)
-        y_hi = min(y_lo + tile, height)
+        x_lo, y_lo, x_hi, y_hi = _tile_box(t, tiles_x, tile, width, height)
         st = np.empty((tile * n_runs, _F_NQ * LANES), dtype=np.float32)
         last = np.empty((tile * n_runs, LANES), dtype=np.int32)
         xs = np.empty((n_runs, LANES), dtype=np.float32)
@@ -453,10 +458,7 @@ def raster_backward(
         t = _interleaved_tile(k, n_tiles, n_thr)
         if t < 0:
             continue
-        x_lo = (t % tiles_x) * tile
-        y_lo = (t // tiles_x) * tile
-        x_hi = min(x_lo + tile, width)
-        y_hi = min(y_lo + tile, height)
+        x_lo, y_lo, x_hi, y_hi = _tile_box(t, tiles_x, tile, width, height)
         st = np.empty((tile * n_runs, _B_NQ * LANES), dtype=np.float32)
         last = np.empty((tile * n_runs, LANES), dtype=np.int32)
         xs = np.empty((n_runs, LANES), dtype=np.float32)
