@@ -18,7 +18,7 @@ Sections (each printed as a table; ``--json`` prints one object):
 * ``auto``: the auto-layout decision per step on the paper mixtures at 1x and 3x their batch
   (89-336 sequences on 32 GPUs), wall and thread CPU time: steady state (the current layout is
   kept when the bounds show nothing beats it by the hysteresis) and the first step (no current
-  layout; cold per-process caches, and warm).
+  layout; cold per-process caches, and warm), each as the median and the max over the steps.
 * ``replica``: 32 replicas of a 32-GPU group (1,024 GPUs): planning the whole world, which
   every rank used to do, against planning one replica, which each rank does now.
 * ``groups``: process groups auto needs at 1,024 GPUs (created lazily, when a layout is first
@@ -244,6 +244,8 @@ def auto_speed(steps: int, tick, plain: bool) -> list[dict]:
                     "steady_median_ms": float(np.median(steady)),
                     "steady_median_cpu_ms": float(np.median(steady_cpu)),
                     "steady_p90_ms": float(np.percentile(steady, 90)),
+                    "steady_max_ms": float(np.max(steady)),
+                    "steady_max_cpu_ms": float(np.max(steady_cpu)),
                     "steady_layout_changes": int(changed),
                     "full_median_ms": float(np.median(full)),
                     "full_median_cpu_ms": float(np.median(full_cpu)),
@@ -448,15 +450,15 @@ def main() -> None:
         f"(largest gain {g['largest_gain']:.2%})"
     )
     print(f"\n{'auto decision (32 GPUs)':24s} {'seqs':>5s} {'steady ms':>9s} {'cpu':>6s} "
-          f"{'p90':>6s} {'changes':>7s} {'first ms':>8s} {'cpu':>6s} {'max':>6s} "
-          f"{'warm':>6s}  layout")  # fmt: skip
+          f"{'p90':>6s} {'max':>6s} {'cpu':>6s} {'changes':>7s} {'first ms':>8s} {'cpu':>6s} "
+          f"{'max':>6s} {'cpu':>6s} {'warm':>6s}  layout")  # fmt: skip
     for r in out["auto"]:
         print(
             f"{r['mixture']:24s} {r['num_sequences']:5d} {r['steady_median_ms']:9.2f} "
-            f"{r['steady_median_cpu_ms']:6.2f} {r['steady_p90_ms']:6.2f} "
-            f"{r['steady_layout_changes']:7d} {r['full_median_ms']:8.2f} "
-            f"{r['full_median_cpu_ms']:6.2f} {r['full_max_ms']:6.2f} "
-            f"{r['full_warm_median_ms']:6.2f}  {r['layout']}"
+            f"{r['steady_median_cpu_ms']:6.2f} {r['steady_p90_ms']:6.2f} {r['steady_max_ms']:6.2f} "
+            f"{r['steady_max_cpu_ms']:6.2f} {r['steady_layout_changes']:7d} "
+            f"{r['full_median_ms']:8.2f} {r['full_median_cpu_ms']:6.2f} {r['full_max_ms']:6.2f} "
+            f"{r['full_max_cpu_ms']:6.2f} {r['full_warm_median_ms']:6.2f}  {r['layout']}"
         )
     r = out["replica"]
     print(

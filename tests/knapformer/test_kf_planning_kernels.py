@@ -112,6 +112,29 @@ def test_pair_round_kernel_matches_plain(inst, budget, nb, where):
         np.testing.assert_array_equal(a, b)
 
 
+@FAST
+@given(instances, st.booleans(), st.booleans())
+def test_bottleneck_step_kernel_matches_plain(inst, budget, balanced):
+    """Several bottleneck steps in a row from random or LPT-built assignments (moves, the
+    swap window, all pairs under a general cost, budgets): the same changes, bit for bit."""
+    seed, spec_world, cost, n, ties = inst
+    p = _problem(seed, spec_world, cost, n, ties, budget)
+    rng = np.random.default_rng(seed + 3)
+    bag = rng.integers(0, p.num_bags, size=p.n)
+    if balanced and not budget:  # near-balanced: few moves help, swaps do
+        bag, _ = construction._construct(p, p.by_cost_desc, None, S.simple_lower_bound(p))
+    load = p.bag_loads(bag)
+    out = []
+    for kern in (True, False):
+        state = local_search._State(p, bag, load)
+        with fast.use_kernels(kern):
+            steps = [local_search._bottleneck_step(state) for _ in range(6)]
+        out.append((steps, state.bag, state.load, state.toks))
+    assert out[0][0] == out[1][0]
+    for a, b in zip(out[0][1:], out[1][1:], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def _random_step(rng: np.random.Generator, world: int, ties: bool) -> list[list[int]]:
     n = int(rng.integers(0, 40 * world))
     L = _lengths(rng, n, ties)

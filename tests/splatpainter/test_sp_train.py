@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from splatpainter.cli import app
+from splatpainter.model.stage2 import SignalSettings
 from splatpainter.render import render
 from splatpainter.train.config import ConfigError, config_from_dict, load_config
 from splatpainter.train.data import (
@@ -195,18 +196,100 @@ def test_init_from_starts_at_given_weights_and_refuses_another_architecture(tmp_
         train(bad, tmp_path / "c")
 
 
+def _tiny_phases_dict(cache) -> dict:
+    import tomllib
+
+    d = tomllib.loads(TINY.read_text())
+    d["data"]["cache_dir"] = str(cache)
+    d["optim"].update(steps=2, checkpoint_every=1)
+    d["phase"] = [
+        {"name": "base"},
+        {"name": "solve", "stage2": {"solve_iters": 2}, "optim": {"steps": 3, "lr": 1e-3},
+         "data": {"first_seed": 100050, "num_sequences": 2}},
+        {"name": "maps", "stage2": {"fit_maps": True}, "optim": {"seed": 5}},
+    ]  # fmt: skip
+    return d
+
+
+def test_phases_override_the_phase_before_and_name_their_errors(tmp_path):
+    cfg = config_from_dict(_tiny_phases_dict(tmp_path))
+    base, solve, maps = (p.config for p in cfg.phases)
+    assert [p.name for p in cfg.phases] == ["base", "solve", "maps"]
+    assert base.optim.steps == 2 and base.model.stage2.solve_iters == 0
+    assert (solve.optim.steps, solve.optim.lr, solve.data.num_sequences) == (3, 1e-3, 2)
+    # cumulative: maps keeps the solve and the data of the phase before, adds its own keys
+    assert maps.model.stage2.signal_settings() == SignalSettings(2, 0.0, True)
+    assert (maps.optim.steps, maps.optim.lr, maps.optim.seed) == (3, 1e-3, 5)
+    assert maps.data.first_seed == 100050 and maps.data.cache_dir == str(tmp_path)
+    assert maps.model.stage1 == base.model.stage1 and not maps.phases
+
+    def bad(edit, match):
+        d = _tiny_phases_dict(tmp_path)
+        edit(d["phase"])
+        with pytest.raises(ConfigError, match=match):
+            config_from_dict(d)
+
+    bad(lambda ph: ph[1]["stage2"].update(dim=64), r"'solve'\): stage2 key\(s\) \['dim'\]")
+    bad(lambda ph: ph[2].update(steps=3), r"'maps'\) has unknown key\(s\) \['steps'\]")
+    bad(lambda ph: ph[2]["optim"].update(init_from="x"), "a phase starts from the last")
+    bad(lambda ph: ph[2].update(name="solve"), "phase names must differ")
+    bad(lambda ph: ph[0].update(name="Base run"), "name must be a short lowercase word")
+    bad(lambda ph: ph[1]["optim"].update(lr="fast"), r"'solve'\): optim\.lr must be float")
+    bad(lambda ph: ph[1]["data"].update(first_seed=7), r"'solve'\): data\.first_seed must be")
+
+
+@pytest.mark.slow
+def test_phased_training_chains_weights_and_resumes_exactly(tmp_path):
+    """One command trains every phase from the one before; killed inside the second phase and
+    resumed, it ends with the same weights and log as a straight run."""
+    from splatpainter.model.editor import EditorModel, load_weights
+
+    cfg = config_from_dict(_tiny_phases_dict(tmp_path / "cache"))
+    phases: list[str] = []
+    model_a = train(cfg, tmp_path / "a", on_phase=lambda i, name: phases.append(name))
+    assert phases == ["base", "solve", "maps"]
+    rows = [json.loads(x) for x in (tmp_path / "a" / LOG).read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(8))
+    assert [r["phase"] for r in rows] == ["base"] * 2 + ["solve"] * 3 + ["maps"] * 3
+    shipped = load_weights(tmp_path / "a" / WEIGHTS)
+    assert shipped.trained and shipped.config == cfg.phases[-1].config.model
+    # the second phase started from the first one's final weights (3 AdamW steps of lr 1e-3
+    # move no weight by 0.01), not from its own seeded initialisation
+    first = load_weights(tmp_path / "a" / "1-base" / WEIGHTS).state_dict()
+    ck = torch.load(tmp_path / "a" / "2-solve" / CHECKPOINT, weights_only=True)
+    assert ck["config"] == cfg.phases[1].config.to_dict()
+    fresh = EditorModel.initial(cfg.phases[1].config.model, seed=1).state_dict()
+
+    def dist(a: dict) -> float:
+        return max(float((a[k] - v).abs().max()) for k, v in first.items())
+
+    assert dist(ck["model"]) < 0.01 < dist(fresh)
+
+    train(cfg, tmp_path / "b", stop_after=3)  # "killed" in the solve phase
+    assert not (tmp_path / "b" / WEIGHTS).exists()
+    model_b = train(cfg, tmp_path / "b", resume=True)
+    for (k, va), vb in zip(
+        model_a.state_dict().items(), model_b.state_dict().values(), strict=True
+    ):
+        assert torch.equal(va, vb), k
+    rows_b = [json.loads(x) for x in (tmp_path / "b" / LOG).read_text().splitlines()]
+    assert [r["loss"] for r in rows_b] == [r["loss"] for r in rows]
+    assert (tmp_path / "b" / "loss.png").exists()
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "splatpainter").glob("*.toml")))
 def test_every_kept_config_loads(path):
     load_config(path)
 
 
-def test_shipped_weights_are_the_last_stage_of_the_kept_configs():
-    """The weights in the package were trained by editor_maps.toml (the chain's last stage):
-    same architecture and the same signal settings (solve, pixel-fitted colour maps)."""
+def test_shipped_weights_are_the_last_phase_of_the_kept_config():
+    """The weights in the package were trained by editor.toml, whose last phase has the same
+    architecture and the same signal settings (solve, pixel-fitted colour maps)."""
     from splatpainter.model.editor import DEFAULT_WEIGHTS, load_weights
 
-    cfg = load_config(ROOT / "configs" / "splatpainter" / "editor_maps.toml")
+    cfg = load_config(ROOT / "configs" / "splatpainter" / "editor.toml")
+    assert [p.name for p in cfg.phases] == ["base", "solve", "maps"]
     shipped = load_weights(DEFAULT_WEIGHTS)
     assert shipped.trained
-    assert shipped.config == cfg.model
+    assert shipped.config == cfg.phases[-1].config.model
     assert shipped.config.stage2.signal_settings().fit_maps

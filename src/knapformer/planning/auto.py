@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 
 import numpy as np
 
@@ -228,13 +229,22 @@ class _Step:
         self.total_tokens = int(self.flat.sum())
         self.evaluated: dict[str, Candidate] = {}
         self._bounds: dict[tuple[str, bool], float] = {}
-        self._size_bounds: dict[tuple[int, ...], float] = {}
+        self._size_bounds: dict[tuple[tuple[int, int], ...], float] = {}
         self._by_ratio: tuple[np.ndarray, np.ndarray] | None = None
         self._sp_floors: dict[tuple[int, float], float] = {}
+        self._by_level: dict[float, tuple[np.ndarray, ...]] = {}
+        self._pools: dict[tuple[str, ...], tuple[float, Candidate, float]] = {}
         self._bag_counts: dict[str, tuple[int, int]] = {}
         self._bags: dict[str, list[np.ndarray]] = {}  # evaluated plans, one per replica
         self._plans: dict[str, list[tuple[int, Problem, np.ndarray, float]]] = {}
         self._offsets: dict[str, np.ndarray] = {}
+        self._problems: dict[str, list[Problem]] = {}
+        self._sizes_of: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._set_bounds: dict[tuple[int, ...], tuple[float, float, dict[int, float]]] = {}
+        self._fixed: dict[int, float] = {}  # rank_time(0, g) per bag size g
+        self._work_cols: list[np.ndarray] | None = None
+        self._time_cols: list[np.ndarray] | None = None
+        self._room1 = float(cost.rank_time(0.0, 1))  # a 1-GPU rank's fixed cost, f
 
     def layout(self, spec: str) -> BagLayout:
         return _parse(spec, self.world_size, self.num_heads)
@@ -245,9 +255,20 @@ class _Step:
         got = self._offsets.get(spec)
         if got is None:
             lay = self.layout(spec)
-            sizes = np.asarray(lay.bag_sizes[: lay.bags_per_replica], dtype=np.float64)
-            got = self._offsets[spec] = np.asarray(self.cost.rank_time(0.0, sizes), np.float64)
+            got = self._offsets[spec] = self._fixed_costs(lay.bag_sizes[: lay.bags_per_replica])
         return got
+
+    def _fixed_costs(self, sizes: Sequence[int]) -> np.ndarray:
+        """``rank_time(0, g)`` for every g of ``sizes`` (cached per size: the cost model is
+        elementwise, so this is what one call on all of them gives)."""
+        fixed = self._fixed
+        missing = sorted({int(g) for g in sizes if g not in fixed})
+        if missing:
+            m = np.asarray(missing, dtype=np.float64)
+            fixed.update(
+                zip(missing, np.asarray(self.cost.rank_time(0.0, m)).tolist(), strict=True)
+            )
+        return np.asarray([fixed[g] for g in sizes], dtype=np.float64)
 
     def _with_overhead(self, spec: str, load_bound: float) -> float:
         """A lower bound on ``spec``'s modelled makespan from one on its bags' loads: some bag
@@ -266,21 +287,27 @@ class _Step:
             self._bounds[key] = self._with_overhead(spec, lb)
         return self._bounds[key]
 
-    def replica_problems(self, spec: str):
-        """The planning problem of each replica of ``spec`` (its rows of the cost table)."""
-        layout = self.layout(spec)
-        cuts = np.searchsorted(self.src, np.arange(0, self.world_size + 1, layout.group_size))
-        for r in range(layout.num_replicas):
-            a, b = int(cuts[r]), int(cuts[r + 1])
-            yield solvers.build_problem(
-                self.flat[a:b],
-                self.src[a:b] - r * layout.group_size,
-                layout,
-                self.cost,
-                None,
-                {},
-                self.table.rows(a, b),
-            )
+    def replica_problems(self, spec: str) -> list[Problem]:
+        """The planning problem of each replica of ``spec`` (its rows of the cost table;
+        cached, so the strong bound computed for a skip test is the one its plan aims at)."""
+        got = self._problems.get(spec)
+        if got is None:
+            layout = self.layout(spec)
+            group = layout.group_size
+            cuts = np.searchsorted(self.src, np.arange(0, self.world_size + 1, group)).tolist()
+            got = self._problems[spec] = [
+                solvers.build_problem(
+                    self.flat[a:b],
+                    self.src[a:b] - r * group,
+                    layout,
+                    self.cost,
+                    None,
+                    {},
+                    self.table.rows(a, b),
+                )
+                for r, (a, b) in enumerate(pairwise(cuts))
+            ]
+        return got
 
     def simple_bound(self, spec: str) -> float:
         """``max(total min-work / N, max_s min_g t(L_s, g))`` straight from the table, with the
@@ -293,30 +320,73 @@ class _Step:
         return self._bounds[key]
 
     def _simple_bound(self, spec: str) -> float:
-        layout = self.layout(spec)
-        if layout.num_replicas != 1:
+        terms = self._terms(spec)
+        if sum(g * n for g, n in terms) != self.world_size:  # several replicas
             lb = max(
                 (solvers.simple_lower_bound(p) for p in self.replica_problems(spec)), default=0.0
             )
             return self._with_overhead(spec, lb)
-        key = tuple(sorted(layout.bag_sizes))
-        if key not in self._size_bounds:
-            g = np.asarray(sorted(set(key)), dtype=np.float64)
-            o = np.asarray(self.cost.rank_time(0.0, g), dtype=np.float64)
-            fixed = float(sum(self.cost.rank_time(0.0, x) * x for x in key)) / self.world_size
-            t = self.table.values[:, np.searchsorted(self.table.sizes, g)]
-            if t.shape[0] == 0:
-                self._size_bounds[key] = float(o.max())
-            else:
-                work = (t * g).min(axis=1)
-                self._size_bounds[key] = float(
-                    max(
-                        work.sum() / self.world_size + fixed,
-                        (t + o).min(axis=1).max(),
-                        o.max(),
-                    )
-                )
-        return self._size_bounds[key]
+        counts: dict[int, int] = {}
+        for g, n in terms:
+            counts[g] = counts.get(g, 0) + n
+        key = tuple(sorted(counts.items()))  # the multiset of bag sizes
+        got = self._size_bounds.get(key)
+        if got is None:
+            work, peak, o = self._set_bound(tuple(g for g, _ in key))
+            fixed = 0.0  # (summed bag by bag, in ascending size)
+            for g, n in key:
+                for _ in range(n):
+                    fixed += o[g] * g
+            got = float(max(work / self.world_size + fixed / self.world_size, peak))
+            self._size_bounds[key] = got
+        return got
+
+    def _terms(self, spec: str) -> tuple[tuple[int, int], ...]:
+        """``spec``'s ``(g, n)`` terms (cached: no layout is built for a bound)."""
+        got = self._sizes_of.get(spec)
+        if got is None:
+            got = self._sizes_of[spec] = parse_terms(spec)
+        return got
+
+    def _set_bound(self, sizes: tuple[int, ...]) -> tuple[float, float, dict[int, float]]:
+        """What the simple bound of a one-replica layout takes from its *set* of bag sizes
+        (cached per set; the multiset only adds the fixed costs): the summed min-work over
+        the sizes (``-inf`` without sequences: the bound is then ``max_g o_g``), ``max(max_s
+        min_g (t(L_s, g) + o_g), max_g o_g)``, and ``o_g = rank_time(0, g)`` per size."""
+        got = self._set_bounds.get(sizes)
+        if got is None:
+            o = self._fixed_costs(sizes)
+            if self.flat.size == 0:
+                work, peak = -np.inf, float(o.max())
+            else:  # (row minima column by column: exact, and cheaper than axis=1)
+                cols = np.searchsorted(self.table.sizes, sizes).tolist()
+                work = self._columns_min(self._work_columns(), cols).sum()
+                peak = max(self._columns_min(self._time_columns(), cols).max(), o.max())
+            got = (work, peak, dict(zip(sizes, o.tolist(), strict=True)))
+            self._set_bounds[sizes] = got
+        return got
+
+    @staticmethod
+    def _columns_min(columns: list[np.ndarray], cols: list[int]) -> np.ndarray:
+        """The row minima over the given columns (elementwise: exact)."""
+        out = columns[cols[0]].copy()
+        for k in cols[1:]:
+            np.minimum(out, columns[k], out=out)
+        return out
+
+    def _work_columns(self) -> list[np.ndarray]:
+        """Per size g of the table: every sequence's work in a g-bag, ``g * t(L, g)``."""
+        if self._work_cols is None:
+            g = self.table.sizes.astype(np.float64)
+            self._work_cols = list(np.ascontiguousarray((self.table.values * g).T))
+        return self._work_cols
+
+    def _time_columns(self) -> list[np.ndarray]:
+        """Per size g of the table: every sequence's rank time in a g-bag, ``t(L, g) + o_g``."""
+        if self._time_cols is None:
+            o = self._fixed_costs(self.table.sizes.tolist())
+            self._time_cols = list(np.ascontiguousarray((self.table.values + o).T))
+        return self._time_cols
 
     def at_least(self, spec: str, x: float) -> bool:
         """Whether ``spec``'s makespan provably is >= x (tries the cheap bound first)."""
@@ -337,7 +407,7 @@ class _Step:
             return 0.0
         if n1 == 0:
             return 1.0
-        level -= float(self.cost.rank_time(0.0, 1))  # (a 1-GPU bag's room for load: minus f)
+        level -= self._room1  # (a 1-GPU bag's room for load: minus f)
         key = (n1, level)
         if key not in self._sp_floors:
             self._sp_floors[key] = self._sp_floor(n1, level)
@@ -348,22 +418,18 @@ class _Step:
         every choice of the next candidate)."""
         got = self._bag_counts.get(spec)
         if got is None:
-            sizes = self.layout(spec).bag_sizes
-            got = self._bag_counts[spec] = (sizes.count(1), len(sizes))
+            terms = self._terms(spec)
+            n1 = sum(n for g, n in terms if g == 1)
+            reps = self.world_size // sum(g * n for g, n in terms)
+            got = self._bag_counts[spec] = (n1 * reps, sum(n for _, n in terms) * reps)
         return got
 
     def _sp_floor(self, n1: int, level: float) -> float:
         tot = self.total_tokens
-        if self._by_ratio is None:
-            t1 = self.table.values[:, 0]
-            o = np.lexsort((t1, -(self.flat / np.maximum(t1, 1e-300))))
-            self._by_ratio = (t1[o], self.flat[o].astype(np.float64))
-        t1, tok = self._by_ratio
-        ok = t1 <= level
-        cost = np.where(ok, t1, 0.0).cumsum()
+        t1, ok, cost, tok = self._by_ratio_at(level)
         cap = n1 * level
         k = int(np.searchsorted(cost, cap, side="right"))  # whole items that fit
-        g1 = float(np.where(ok[:k], tok[:k], 0.0).sum())
+        g1 = float(tok[:k].sum())
         if k < t1.size:  # the next eligible item, fractionally
             rest = np.flatnonzero(ok[k:])
             if rest.size:
@@ -371,6 +437,23 @@ class _Step:
                 room = cap - (float(cost[k - 1]) if k else 0.0)
                 g1 += tok[j] * min(1.0, room / t1[j]) if t1[j] > 0 else tok[j]
         return max(0.0, 1.0 - g1 / tot)
+
+    def _by_ratio_at(self, level: float) -> tuple[np.ndarray, ...]:
+        """For :meth:`_sp_floor`: the 1-GPU costs of the sequences by tokens per cost (then
+        cost), which of them fit a 1-GPU bag at ``level``, the running cost of those, and
+        their tokens (0 for the others); cached per level, shared by every count of 1-GPU
+        bags."""
+        got = self._by_level.get(level)
+        if got is None:
+            if self._by_ratio is None:
+                t1 = self.table.values[:, 0]
+                o = np.lexsort((t1, -(self.flat / np.maximum(t1, 1e-300))))
+                self._by_ratio = (t1[o], self.flat[o].astype(np.float64))
+            t1, tok = self._by_ratio
+            ok = t1 <= level
+            got = (t1, ok, np.where(ok, t1, 0.0).cumsum(), np.where(ok, tok, 0.0))
+            self._by_level[level] = got
+        return got
 
     def quick_makespan(self, spec: str) -> float:
         """A makespan ``spec`` reaches (an upper bound on its best plan): its quick plan
@@ -473,17 +556,27 @@ class _Step:
         the strong one only if needed)."""
         if not evaluated:
             return False
-        best, first, pool = _pool(evaluated)
-        band = best * (1.0 + _TIE_TOL)
+        band, first, worst = self._pool_of(evaluated)
         splits_more = self.sp_floor(spec, band) > first.sp_tokens_fraction + _SP_TOL
-        # Such a spec could only change the choice by lowering the best makespan so far that
-        # a candidate of the final pool leaves the band: it needs a makespan below
-        # worst / (1 + _TIE_TOL). (If none leaves, the pool's first and the pool stay.)
-        worst = max(c.makespan for c in pool)
         for b in self._bounds_of(spec):
             if b > band or (splits_more and b * (1.0 + _TIE_TOL) >= worst):
                 return True
         return False
+
+    def _pool_of(self, evaluated: Sequence[Candidate]) -> tuple[float, Candidate, float]:
+        """What :meth:`_cannot_win` needs of :func:`_pool` (cached per set of evaluated specs:
+        asked for every pending spec): the near-tie band of the best makespan, the pool's
+        first, and the pool's worst makespan. A spec that splits more tokens than the first
+        could only change the choice by lowering the best makespan so far that a candidate
+        of the final pool leaves the band: it needs a makespan below worst / (1 + _TIE_TOL).
+        (If none leaves, the pool's first and the pool stay.)"""
+        key = tuple(c.spec for c in evaluated)
+        got = self._pools.get(key)
+        if got is None:
+            best, first, pool = _pool(evaluated)
+            worst = max(c.makespan for c in pool)
+            got = self._pools[key] = (best * (1.0 + _TIE_TOL), first, worst)
+        return got
 
     def _bounds_of(self, spec: str):
         """The cheap bound, then the strong one (computed only if asked for)."""
@@ -497,6 +590,8 @@ class _Step:
         :func:`_pick`'s choice, and every skipped spec is checked again at the end."""
         order = list(dict.fromkeys(specs))
         skipped: set[str] = set()
+        keys: dict[str, tuple[bool, float, str]] = {}  # the order of pending specs at a band
+        keys_band = None
         while True:
             pending = [s for s in order if s not in self.evaluated and s not in skipped]
             if not pending:
@@ -508,13 +603,16 @@ class _Step:
                 continue
             done = [self.evaluated[s] for s in order if s in self.evaluated]
             if done:
-                band = _pool(done)[0] * (1.0 + _TIE_TOL)
+                band = self._pool_of(done)[0]
             else:  # (no plan yet: the band around the lowest bound)
                 band = min(self.simple_bound(s) for s in pending) * (1.0 + _TIE_TOL)
-            spec = min(
-                pending,
-                key=lambda s: (self.simple_bound(s) > band, self.sp_floor(s, band), s),
-            )
+            if band != keys_band:  # (the keys change only with the band)
+                keys.clear()
+                keys_band = band
+            for s in pending:
+                if s not in keys:
+                    keys[s] = (self.simple_bound(s) > band, self.sp_floor(s, band), s)
+            spec = min(pending, key=keys.__getitem__)
             if self._cannot_win(spec, done):
                 skipped.add(spec)
             else:
@@ -641,39 +739,39 @@ def local_ordering(
         table = CostTable.build(cost, flat, set(bags))
     kept = _KeptTokens(flat, src, table, world)
     room = {g: level - float(cost.rank_time(0.0, g)) for g in set(bags)}  # load a g-bag may hold
-    score = np.zeros((len(types), nodes))
+    # (plain lists: a handful of types and nodes, where numpy calls cost more than the work)
+    score = [[0.0] * nodes for _ in types]
     for i, ch in enumerate(types):
         for j in range(nodes):
             start = j * gpus_per_node
             for g in ch:
-                score[i, j] += kept(start, g, room[g])
+                score[i][j] += kept(start, g, room[g])
                 start += g
     need = {t: chunks.count(t) for t in types}
-    free = np.ones(nodes, dtype=bool)
+    free = list(range(nodes))  # ascending: the first best node wins ties
     placed: list[tuple[int, ...] | None] = [None] * nodes
     for _ in range(nodes):
         best = None
         for i, t in enumerate(types):
             if need[t] == 0:
                 continue
-            row = np.where(free, score[i], -np.inf)
-            j = int(np.argmax(row))
+            row = score[i]
+            j = max(free, key=row.__getitem__)
             # regret: how much this type loses if it does not get its best free node
-            others = np.where(free, score, -np.inf)
-            gain = row[j] - float(np.max(np.delete(others[:, j], i), initial=-np.inf))
-            key = (gain, row[j], -i)
+            other = max((score[o][j] for o in range(len(types)) if o != i), default=-np.inf)
+            key = (row[j] - other, row[j], -i)
             if best is None or key > best[0]:
                 best = (key, i, j)
         assert best is not None
         _, i, j = best
         placed[j] = types[i]
         need[types[i]] -= 1
-        free[j] = False
+        free.remove(j)
     order = [g for ch in placed if ch is not None for g in ch] + list(tail)
     if order == bags:
         return spec
-    ident = sum(score[types.index(ch), j] for j, ch in enumerate(chunks))
-    new = sum(score[types.index(ch), j] for j, ch in enumerate(placed) if ch is not None)
+    ident = sum(score[types.index(ch)][j] for j, ch in enumerate(chunks))
+    new = sum(score[types.index(ch)][j] for j, ch in enumerate(placed) if ch is not None)
     if new <= ident:
         return spec
     terms: list[tuple[int, int]] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
@@ -16,14 +17,15 @@ def train(
     config: Path = typer.Option(..., help="training config (TOML), e.g. configs/splatpainter/"),
     out: Path = typer.Option(Path("runs/editor"), help="run directory (checkpoint, log, weights)"),
     resume: bool = typer.Option(False, help="continue from the checkpoint in --out"),
-    steps: int | None = typer.Option(None, help="override optim.steps"),
+    steps: int | None = typer.Option(None, help="override optim.steps (of every phase)"),
     cache_dir: Path | None = typer.Option(None, help="override data.cache_dir"),
     json_out: JsonFlag = False,
 ) -> None:
     """Train the Stage I + Stage II editor on procedural 3D edits.
 
     Writes OUT/checkpoint.pt (exact resume), OUT/log.jsonl (one line per step), OUT/loss.png
-    and OUT/editor.safetensors (load with --weights, or ship as the package default).
+    and OUT/editor.safetensors (load with --weights, or ship as the package default).  A config
+    with [[phase]] tables trains each phase in OUT/<i>-<name>/ and ends with the same files.
     """
     from rich.console import Console
     from rich.progress import (
@@ -39,15 +41,19 @@ def train(
     from splatpainter.train.loop import train as run_training
 
     cfg = load_config(config)
-    if steps is not None:
-        if steps < 1:
-            raise UserError(f"--steps must be >= 1, got {steps}")
-        cfg.optim.steps = steps
-    if cache_dir is not None:
-        cfg.data.cache_dir = str(cache_dir)
+    runs = [p.config for p in cfg.phases] or [cfg]
+    if steps is not None and steps < 1:
+        raise UserError(f"--steps must be >= 1, got {steps}")
+    for run in runs:
+        if steps is not None:
+            run.optim.steps = steps
+        if cache_dir is not None:
+            run.data.cache_dir = str(cache_dir)
+    total_steps = sum(run.optim.steps for run in runs)
     check_output_dir(out)  # before the cache is built, not after
     console = Console(stderr=True)
     last: dict = {}
+    t0 = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -58,12 +64,18 @@ def train(
         console=console,
     ) as progress:
         cache_task = progress.add_task(
-            "edit data (built once, cached)", total=cfg.data.num_sequences, info=""
+            "edit data (built once, cached)", total=runs[0].data.num_sequences, info=""
         )
-        step_task = progress.add_task("training", total=cfg.optim.steps, info="")
+        step_task = progress.add_task("training", total=total_steps, info="")
+
+        def on_phase(index: int, name: str) -> None:
+            n = runs[index].data.num_sequences
+            where = f"phase {index + 1}/{len(runs)} {name}: "
+            progress.reset(cache_task, total=n, description=where + "edit data (cached)")
+            progress.update(step_task, description=where + "training")
 
         def on_cache(done: int, total: int) -> None:
-            progress.update(cache_task, completed=done)
+            progress.update(cache_task, completed=done, total=total)
 
         def on_step(step: int, row: dict) -> None:
             last.update(row)
@@ -74,14 +86,14 @@ def train(
             )
 
         progress.update(cache_task, completed=0)
-        run_training(cfg, out, resume=resume, on_cache=on_cache, on_step=on_step)
-        progress.update(cache_task, completed=cfg.data.num_sequences)
+        run_training(cfg, out, resume=resume, on_cache=on_cache, on_step=on_step, on_phase=on_phase)
+        progress.update(cache_task, completed=progress.tasks[cache_task].total)
     summary = {
         "out": str(out),
         "weights": str(out / WEIGHTS),
-        "steps": cfg.optim.steps,
+        "steps": total_steps,
         "last_loss": last.get("loss"),
-        "elapsed_s": last.get("elapsed_s"),
+        "elapsed_s": round(time.perf_counter() - t0, 1),  # wall time, data cache included
     }
     if json_out:
         print_json(summary, indent=None)

@@ -7,12 +7,27 @@ have, or a value of the wrong type, is a `ConfigError` naming it:
     [data]                             DataConfig (which sequences, how many, cache)
     [optim]                            OptimConfig (AdamW, schedule, clipping, steps)
     [loss]                             LossConfig (weights of the loss terms)
+
+An optional array of `[[phase]]` tables makes the config a curriculum trained by one command:
+each phase overrides keys of the tables as resolved for the phase before it (its `data`, `optim`,
+`loss` and the signal settings of `stage2`) and starts from that phase's weights with a fresh
+optimiser and LR schedule.  Only the signal settings may change between phases, so the
+architecture, and the weights, carry through:
+
+    [[phase]]
+    name = "base"
+    [[phase]]
+    name = "solve"
+    stage2 = { solve_iters = 6 }
+    data = { first_seed = 300000, max_gaussians = 20000 }
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
+import re
 import sys
 import types
 import typing
@@ -130,9 +145,21 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    phases: tuple[PhaseConfig, ...] = ()  # a curriculum: trained in turn, in place of the above
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# Stage II keys a phase may change: how the signals are computed, not the architecture.
+PHASE_STAGE2_KEYS = ("solve_iters", "solve_prior_px", "fit_maps")
+PHASE_KEYS = ("name", "data", "optim", "loss", "stage2")
+
+
+@dataclass
+class PhaseConfig:
+    name: str
+    config: TrainConfig  # fully resolved; itself without phases
 
 
 # ------------------------------------------------------------------------ parsing
@@ -180,9 +207,56 @@ def _build(cls: type, table: Any, name: str) -> Any:
 
 
 def config_from_dict(d: dict[str, Any]) -> TrainConfig:
-    unknown = sorted(set(d) - {"model", "data", "optim", "loss"})
+    unknown = sorted(set(d) - {"model", "data", "optim", "loss", "phase"})
     if unknown:
-        raise ConfigError(f"unknown table(s) {unknown}; use model, data, optim, loss")
+        raise ConfigError(f"unknown table(s) {unknown}; use model, data, optim, loss, phase")
+    cfg = _tables_from_dict(d)
+    cfg.phases = _phases_from_dict(d)
+    return cfg
+
+
+def _phases_from_dict(d: dict[str, Any]) -> tuple[PhaseConfig, ...]:
+    raw = d.get("phase", [])
+    if not isinstance(raw, list) or not all(isinstance(p, dict) for p in raw):
+        raise ConfigError("phase must be an array of tables ([[phase]])")
+    tables = {k: copy.deepcopy(d.get(k, {})) for k in ("model", "data", "optim", "loss")}
+    phases: list[PhaseConfig] = []
+    for i, p in enumerate(raw):
+        name = p.get("name")
+        where = f"[[phase]] {i + 1}" + (f" ({name!r})" if isinstance(name, str) else "")
+        unknown = sorted(set(p) - set(PHASE_KEYS))
+        if unknown:
+            raise ConfigError(f"{where} has unknown key(s) {unknown}; known: {list(PHASE_KEYS)}")
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", name):
+            raise ConfigError(f"{where}: name must be a short lowercase word, e.g. 'base'")
+        if name in {q.name for q in phases}:
+            raise ConfigError(f"{where}: phase names must differ")
+        for key in ("data", "optim", "loss", "stage2"):
+            if not isinstance(p.get(key, {}), dict):
+                raise ConfigError(f"{where}: {key} must be a table")
+        bad = sorted(set(p.get("stage2", {})) - set(PHASE_STAGE2_KEYS))
+        if bad:
+            raise ConfigError(
+                f"{where}: stage2 key(s) {bad} change the architecture; a phase may set only "
+                f"{list(PHASE_STAGE2_KEYS)}"
+            )
+        if i > 0 and "init_from" in p.get("optim", {}):
+            raise ConfigError(f"{where}: optim.init_from is set: a phase starts from the last")
+        for key in ("data", "optim", "loss"):
+            tables[key] = {**tables[key], **p.get(key, {})}
+        model = tables["model"] if isinstance(tables["model"], dict) else {}
+        stage2 = model.get("stage2", {}) if isinstance(model.get("stage2", {}), dict) else {}
+        tables["model"] = {**model, "stage2": {**stage2, **p.get("stage2", {})}}
+        if i > 0:
+            tables["optim"].pop("init_from", None)
+        try:
+            phases.append(PhaseConfig(name, _tables_from_dict(tables)))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    return tuple(phases)
+
+
+def _tables_from_dict(d: dict[str, Any]) -> TrainConfig:
     model = d.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError("[model] must be a table")

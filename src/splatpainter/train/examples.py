@@ -178,7 +178,12 @@ def cache_key(
 def _build_one(args: tuple) -> int:
     seed, spec, stage1, loss_view_size, settings, path = args
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # The workers are the parallelism: one thread each for torch and the numba renderer (two
+    # workers of two renderer threads on 2 cores built examples 4-5x slower).
     torch.set_num_threads(1)
+    import numba
+
+    numba.set_num_threads(1)
     from appshell.atomic import atomic_write_with
 
     ex = build_example(seed, spec, stage1, loss_view_size, settings)

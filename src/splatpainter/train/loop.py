@@ -152,13 +152,17 @@ def _save_checkpoint(out: Path, model, opt, step: int, cfg: TrainConfig) -> None
     atomic_write_with(out / CHECKPOINT, lambda f: torch.save(payload, f))
 
 
-def plot_curve(log_path: Path, png: Path) -> None:
+def _read_log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curve(rows: list[dict[str, Any]], png: Path, phase_starts: tuple[int, ...] = ()) -> None:
+    """Loss curve PNG of log rows (running means); dashed lines where a phase starts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     if not rows:
         return
     steps = [r["step"] for r in rows]
@@ -175,6 +179,9 @@ def plot_curve(log_path: Path, png: Path) -> None:
     top.legend()
     for key in ("gauss_changed", "gauss_unchanged", "render_changed", "render_unchanged"):
         bottom.plot(steps, smooth([max(r[key], 1e-8) for r in rows]), label=key)
+    for ax in (top, bottom):
+        for s in phase_starts:
+            ax.axvline(s, color="grey", linestyle="--", linewidth=0.8)
     bottom.set_yscale("log")
     bottom.set_ylabel("mean squared error")
     bottom.set_xlabel("step")
@@ -192,42 +199,72 @@ def train(
     stop_after: int | None = None,
     on_cache: Callable[[int, int], None] | None = None,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    on_phase: Callable[[int, str], None] | None = None,
 ) -> EditorModel:
     """Train (or resume) and write checkpoint, JSONL log, loss curve and final safetensors.
 
     stop_after: stop (with a checkpoint) once this many steps are done in total, as an
-    interrupted run would; `resume=True` then continues it exactly.
+    interrupted run would; `resume=True` then continues it exactly.  A config with phases trains
+    each in OUT/<i>-<name>/ from the weights of the one before, steps counted over all phases,
+    and writes the last phase's weights, the joined log and curve to OUT.
     """
     out = Path(out_dir)
+    if not cfg.phases:
+        return _train_run(cfg, out, None, resume, stop_after, on_cache, on_step)
+    offset, init, rows, starts = 0, None, [], []
+    model = None
+    for i, phase in enumerate(cfg.phases):
+        sub = out / f"{i + 1}-{phase.name}"
+        if on_phase:
+            on_phase(i, phase.name)
+
+        def step_hook(step: int, row: dict[str, Any], offset: int = offset, name=phase.name):
+            if on_step:
+                on_step(offset + step, {**row, "step": offset + step, "phase": name})
+
+        stop = None if stop_after is None else stop_after - offset
+        if stop is not None and stop <= 0:
+            return model if model is not None else EditorModel.initial(phase.config.model)
+        model = _train_run(phase.config, sub, init, resume, stop, on_cache, step_hook)
+        steps = phase.config.optim.steps
+        if stop is not None and stop < steps:
+            return model
+        starts.append(offset)
+        rows += [{**r, "step": offset + r["step"], "phase": phase.name}
+                 for r in _read_log(sub / LOG)]  # fmt: skip
+        offset += steps
+        init = sub / WEIGHTS
+    assert model is not None
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    atomic_write_with(out / LOG, lambda f: f.write(text.encode()))
+    plot_curve(rows, out / CURVE, tuple(starts[1:]))
+    phases = ",".join(p.name for p in cfg.phases)
+    save_weights(model, out / WEIGHTS, trained="true", steps=str(offset), phases=phases)
+    return model
+
+
+def _train_run(
+    cfg: TrainConfig,
+    out: Path,
+    init_weights: Path | None,
+    resume: bool,
+    stop_after: int | None,
+    on_cache: Callable[[int, int], None] | None,
+    on_step: Callable[[int, dict[str, Any]], None] | None,
+) -> EditorModel:
+    """One run of one config (no phases); init_weights overrides optim.init_from."""
     out.mkdir(parents=True, exist_ok=True)
     o = cfg.optim
     if o.threads > 0:
         torch.set_num_threads(o.threads)
-    seeds = [cfg.data.first_seed + i for i in range(cfg.data.num_sequences)]
-    done = [0]
-
-    def tick(n: int) -> None:
-        done[0] += n
-        if on_cache:
-            on_cache(done[0], len(seeds))
-
-    paths = ensure_cache(
-        seeds,
-        cfg.data.sequence_spec(),
-        cfg.model.stage1,
-        cfg.data.loss_view_size,
-        cfg.data.cache_dir,
-        settings=cfg.model.stage2.signal_settings(),
-        workers=cfg.data.workers,
-        progress=tick,
-    )
     model = EditorModel.initial(cfg.model, seed=o.seed).train()
-    if o.init_from:
-        init = load_weights(o.init_from).state_dict()
+    init = str(init_weights) if init_weights is not None else o.init_from
+    if init:
+        state = load_weights(init).state_dict()
         own = model.state_dict()
-        if init.keys() != own.keys() or any(init[k].shape != v.shape for k, v in own.items()):
-            raise ConfigError(f"optim.init_from {o.init_from}: weights of another architecture")
-        model.load_state_dict(init)
+        if state.keys() != own.keys() or any(state[k].shape != v.shape for k, v in own.items()):
+            raise ConfigError(f"optim.init_from {init}: weights of another architecture")
+        model.load_state_dict(state)
     opt = make_optimizer(model, cfg)
     start = 0
     log_path = out / LOG
@@ -244,9 +281,29 @@ def train(
             atomic_write_with(log_path, lambda f: f.write("".join(k + "\n" for k in keep).encode()))
     elif log_path.exists():
         log_path.unlink()
+    end = o.steps if stop_after is None else min(o.steps, stop_after)
+    seeds = [cfg.data.first_seed + i for i in range(cfg.data.num_sequences)]
+    paths: dict[int, Path] = {}
+    if start < end:  # a finished run (resumed) needs no data
+        done = [0]
+
+        def tick(n: int) -> None:
+            done[0] += n
+            if on_cache:
+                on_cache(done[0], len(seeds))
+
+        paths = ensure_cache(
+            seeds,
+            cfg.data.sequence_spec(),
+            cfg.model.stage1,
+            cfg.data.loss_view_size,
+            cfg.data.cache_dir,
+            settings=cfg.model.stage2.signal_settings(),
+            workers=cfg.data.workers,
+            progress=tick,
+        )
     params = [p for g in opt.param_groups for p in g["params"]]
     t0 = time.perf_counter()
-    end = o.steps if stop_after is None else min(o.steps, stop_after)
     for step in range(start, end):
         lr = lr_at(step, o)
         for g in opt.param_groups:
@@ -268,7 +325,7 @@ def train(
             on_step(step, row)
         if (step + 1) % o.checkpoint_every == 0 or step + 1 == end:
             _save_checkpoint(out, model, opt, step + 1, cfg)
-            plot_curve(log_path, out / CURVE)
+            plot_curve(_read_log(log_path), out / CURVE)
     model.eval()
     if end < o.steps:
         return model

@@ -441,3 +441,130 @@ def pair_round(
             bag[u] = src
         count += 1
     return count
+
+
+# ---------------------------------------------------------------------------------------------
+# The bottleneck step of the local search (local_search._bottleneck_step_np).
+
+
+@njit(cache=True)
+def _swap_value(tg, load, bag, cls, bm, km, s, u, budget, toks, tokk):
+    """max(new load of bm, new load of u's bag) for swapping s (in bm) with u; inf if a bag
+    would exceed the token budget (``budget < 0``: none)."""
+    bu = bag[u]
+    ku = cls[bu]
+    if budget >= 0:
+        tm = toks[bm] - tokk[s, km] + tokk[u, km]
+        tu = toks[bu] - tokk[u, ku] + tokk[s, ku]
+        if tm > budget or tu > budget:
+            return np.inf
+    return _fmax(load[bm] - tg[s, km] + tg[u, km], load[bu] - tg[u, ku] + tg[s, ku])
+
+
+@njit(cache=True)
+def bottleneck_pick(
+    tg, load, bag, cls, sizes, home, by_cost_asc, all_pairs, budget, toks, tokk, rel_eps
+):
+    """The change ``_bottleneck_step_np`` makes, as ``(kind, s, x)``: kind 0 none, 1 move
+    item s to bag x, 2 swap item s (in the bottleneck bag) with item x. ``all_pairs``: also
+    try every pair when the window finds nothing (the reference's ``small`` case)."""
+    n, B = bag.shape[0], load.shape[0]
+    bm = 0
+    for b in range(1, B):  # (the first maximum, as np.argmax)
+        if load[b] > load[bm]:
+            bm = b
+    mk = load[bm]
+    km = cls[bm]
+    ni = 0
+    for s in range(n):
+        if bag[s] == bm:
+            ni += 1
+    if ni == 0:
+        return 0, -1, -1
+    inside = np.empty(ni, dtype=np.int64)
+    j = 0
+    for s in range(n):
+        if bag[s] == bm:
+            inside[j] = s
+            j += 1
+    thr = mk * (1.0 - 1e-12)
+    # best move out of bm: the first minimum in (item, bag) order
+    best, bi, bb = np.inf, -1, -1
+    for i in range(ni):
+        s = inside[i]
+        rest = load[bm] - tg[s, km]
+        for b in range(B):
+            if b == bm or (budget >= 0 and toks[b] + tokk[s, cls[b]] > budget):
+                continue
+            v = _fmax(load[b] + tg[s, cls[b]], rest)
+            if v < best:
+                best, bi, bb = v, i, b
+    if bi >= 0 and best < thr:
+        s = inside[bi]
+        hb = home[s]
+        if hb != bm and not (budget >= 0 and toks[hb] + tokk[s, cls[hb]] > budget):
+            vh = _fmax(load[hb] + tg[s, cls[hb]], load[bm] - tg[s, km])
+            if vh <= best * (1.0 + rel_eps):
+                bb = hb  # equally good: go home
+        return 1, s, bb
+    # swaps: partners outside bm, by their cost in bm's class
+    no = 0
+    for u in by_cost_asc:
+        if bag[u] != bm:
+            no += 1
+    if no == 0:
+        return 0, -1, -1
+    osorted = np.empty(no, dtype=np.int64)
+    ks = np.empty(no)
+    j = 0
+    for u in by_cost_asc:
+        if bag[u] != bm:
+            osorted[j] = u
+            ks[j] = tg[u, km]
+            j += 1
+    rmax = 0.0
+    for b in range(B):
+        r = 0.0 if b == bm else (mk - load[b]) * sizes[b]
+        if b == 0 or r > rmax:
+            rmax = r
+    dmax = rmax / float(sizes[bm]) * (1.0 + 1e-9)
+    lo = np.empty(ni, dtype=np.int64)
+    hi = np.empty(ni, dtype=np.int64)
+    cap = max(16, 4096 // ni)
+    wide = False
+    for i in range(ni):
+        ts = tg[inside[i], km]
+        lo[i] = _searchsorted_left(ks, ts - dmax)
+        hi[i] = _searchsorted_left(ks, ts)
+        wide |= hi[i] - lo[i] > cap
+    if wide:
+        for i in range(ni):
+            centre = _searchsorted_left(ks, tg[inside[i], km] - 0.5 * dmax)
+            lo[i] = max(lo[i], centre - cap // 2)
+            hi[i] = min(hi[i], lo[i] + cap)
+    best, bs, bu = _best_swap(tg, load, bag, cls, bm, km, inside, osorted, budget, toks, tokk,
+                              lo, hi)  # fmt: skip
+    if bs >= 0 and best < thr:
+        return 2, bs, bu
+    if all_pairs and ni * no <= 100_000:
+        lo[:] = 0
+        hi[:] = no
+        best, bs, bu = _best_swap(tg, load, bag, cls, bm, km, inside, osorted, budget, toks,
+                                  tokk, lo, hi)  # fmt: skip
+        if bs >= 0 and best < thr:
+            return 2, bs, bu
+    return 0, -1, -1
+
+
+@njit(cache=True)
+def _best_swap(tg, load, bag, cls, bm, km, inside, osorted, budget, toks, tokk, lo, hi):
+    """The first smallest swap value of inside[i] with osorted[lo[i]:hi[i]], over i."""
+    best, bs, bu = np.inf, -1, -1
+    for i in range(inside.shape[0]):
+        s = inside[i]
+        for q in range(lo[i], hi[i]):
+            u = osorted[q]
+            v = _swap_value(tg, load, bag, cls, bm, km, s, u, budget, toks, tokk)
+            if v < best:
+                best, bs, bu = v, s, u
+    return best, bs, bu

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,17 @@ def _class_subsets(k: int) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=16)
+def _subset_arrays(k: int) -> tuple[np.ndarray, np.ndarray, tuple[tuple[int, ...], ...]]:
+    """``_class_subsets(k)`` as a ``[Q, k]`` bool matrix, the ``[k, Q]`` 0/1 matrix of the
+    classes outside each subset, and each subset's classes (read-only: cached)."""
+    inq = np.stack(_class_subsets(k))
+    outside = (~inq).T.astype(np.int64)
+    inq.setflags(write=False)
+    outside.setflags(write=False)
+    return inq, outside, tuple(tuple(q.nonzero()[0].tolist()) for q in inq)
+
+
 class _Pattern:
     """What the restricted-capacity test needs for one set of allowed (sequence, class) pairs:
     the work each class subset must take, the subsets with members, and the members (with
@@ -85,14 +97,14 @@ def lower_bound(p: Problem, rel_tol: float = 1e-6) -> float:
     tc = p.tg[cand]
     wc = tc * p.class_sizes[None, :]
     K = p.class_sizes.shape[0]
-    subsets = _class_subsets(K)
-    caps = np.asarray([gpus_per_class[q].sum() for q in subsets])
-    notq = ~np.stack(subsets)  # [Q, K]
-    bags_per_class = np.bincount(p.cls, minlength=K)
-    # counting test per class k: candidates sorted by their cost in k
-    order_k = [tc[:, k].argsort(kind="stable") for k in range(K)]
-    all_members = np.ones(tc.shape[0], dtype=bool)
-    all_q = np.ones(K, dtype=bool)
+    inq, outside, subset_classes = _subset_arrays(K)  # the class subsets Q tested
+    # (GPU counts are whole numbers: their sums are exact in any order)
+    caps = (inq * gpus_per_class).sum(axis=1)
+    bags_per_class = np.bincount(p.cls, minlength=K).tolist()
+    # counting test per class k: candidates sorted by their cost in k (on first use)
+    order_k: dict[int, np.ndarray] = {}
+    all_members = None
+    all_q = range(K)
     # Everything but the comparisons with x depends only on which (sequence, class) pairs x
     # allows: the bisection keeps it per such pattern (its later steps mostly repeat one).
     patterns: dict[bytes, _Pattern | None] = {}
@@ -101,25 +113,31 @@ def lower_bound(p: Problem, rel_tol: float = 1e-6) -> float:
         allowed = tc <= x  # [m, K]
         key = allowed.tobytes()
         if key not in patterns:
-            if not allowed.any(axis=1).all():
+            if not _row_reduce(allowed, np.logical_or).all():
                 patterns[key] = None  # some sequence fits nowhere: refuted
             else:
-                w = np.where(allowed, wc, np.inf).min(axis=1)  # [m]
+                w = _row_reduce(np.where(allowed, wc, np.inf), np.minimum)  # [m]
                 # a sequence counts for Q iff none of its allowed classes lies outside Q
-                inside_only = ~(allowed[:, None, :] & notq[None, :, :]).any(axis=2)  # [m, Q]
+                # (counted exactly in integers)
+                inside_only = (allowed.astype(np.int64) @ outside) == 0  # [m, Q]
                 qs = inside_only.any(axis=0).nonzero()[0].tolist()
                 patterns[key] = _Pattern(w @ inside_only, qs, inside_only)
         return patterns[key]
 
-    def too_many(x: float, members: np.ndarray, q: np.ndarray, sums: dict) -> bool:
-        need = int(members.sum())
+    def too_many(x: float, members: np.ndarray | None, q: Sequence[int], sums: dict) -> bool:
+        """Whether ``members`` (None: all candidates) are more than the bags of classes ``q``
+        can hold at makespan x (counting, smallest first)."""
+        need = tc.shape[0] if members is None else int(members.sum())
         room = 0
-        for k in q.nonzero()[0].tolist():
+        for k in q:
             cs = sums.get(k)
             if cs is None:
-                vals = tc[order_k[k], k][members[order_k[k]]]  # ascending
+                o = order_k.get(k)
+                if o is None:
+                    o = order_k[k] = tc[:, k].argsort(kind="stable")
+                vals = tc[o, k] if members is None else tc[o, k][members[o]]  # ascending
                 cs = sums[k] = vals.cumsum()
-            room += int(bags_per_class[k]) * int(cs.searchsorted(x * (1 + 1e-12), side="right"))
+            room += bags_per_class[k] * int(cs.searchsorted(x * (1 + 1e-12), side="right"))
             if room >= need:
                 return False
         return True
@@ -134,7 +152,7 @@ def lower_bound(p: Problem, rel_tol: float = 1e-6) -> float:
             return True
         for qi in pat.qs:
             sums = pat.sums.setdefault(qi, {})
-            if too_many(x, pat.inside_only[:, qi], subsets[qi], sums):
+            if too_many(x, pat.inside_only[:, qi], subset_classes[qi], sums):
                 return True
         return too_many(x, all_members, all_q, sums_all)
 

@@ -86,4 +86,7 @@ def warm_up() -> bool:
         tg, tg[:, 0].copy(), f64(5.0), sizes, cls, bag, load, 0.0, -1, NO_TOKS, NO_TOKK, 4, 1024,
         1e-12,
     )  # fmt: skip
+    kern.bottleneck_pick(
+        tg, load, bag, cls, sizes, bag.copy(), items, False, -1, NO_TOKS, NO_TOKK, 1e-12
+    )
     return True

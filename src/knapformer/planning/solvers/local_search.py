@@ -3,6 +3,8 @@ flattening rounds. The makespan never grows."""
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 from knapformer.planning.solvers import fast
@@ -222,6 +224,20 @@ class _State:
         self.toks = p.bag_tokens(self.bag) if p.max_tokens is not None else None
         self._sorted: dict[int, np.ndarray] = {}
 
+    # writable copies of the problem's read-only arrays for the compiled bottleneck step
+    # (numba compiles read-only arrays as a type of their own), made once per search
+    @cached_property
+    def cls(self) -> np.ndarray:
+        return fast.writable(self.p.cls)
+
+    @cached_property
+    def sizes(self) -> np.ndarray:
+        return fast.writable(self.p.sizes)
+
+    @cached_property
+    def by_cost_asc(self) -> np.ndarray:
+        return fast.writable(self.p.by_cost_asc)
+
     def sorted_by(self, k: int) -> np.ndarray:
         """Item indices sorted by their cost in class k (computed on first use)."""
         if k not in self._sorted:
@@ -260,6 +276,26 @@ class _State:
 
 
 def _bottleneck_step(st: _State) -> bool:
+    """:func:`_bottleneck_step_np`, compiled when available."""
+    k = fast.kernels()
+    if k is None:
+        return _bottleneck_step_np(st)
+    p = st.p
+    all_pairs = not (p.cost.c == 0.0 and p.cost.e == 0.0)  # (the window is exact otherwise)
+    kind, s, x = k.bottleneck_pick(
+        p.tg, st.load, st.bag, st.cls, st.sizes, p.home, st.by_cost_asc, all_pairs,
+        -1 if p.max_tokens is None else int(p.max_tokens),
+        fast.NO_TOKS if st.toks is None else st.toks, fast.NO_TOKK if st.tokk is None else st.tokk,
+        _REL_EPS,
+    )  # fmt: skip
+    if kind == 1:
+        st.move(int(s), int(x))
+    elif kind == 2:
+        st.swap(int(s), int(x))
+    return kind != 0
+
+
+def _bottleneck_step_np(st: _State) -> bool:
     """Best move, else best swap, out of the most loaded bag that lowers it without creating
     a bag at or above the old maximum. Swap partners: a window of items sorted by their cost
     in the bottleneck's class (exact for c = e = 0), or every pair on small instances."""
