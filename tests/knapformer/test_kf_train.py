@@ -63,9 +63,9 @@ def test_shipped_tiny_config_loads():
 @pytest.mark.parametrize(
     "patch,match",
     [
-        ({"train": {"stepz": 3}}, "unknown config key 'train.stepz'"),
-        ({"train": {"steps": "many"}}, "'train.steps': expected an integer"),
-        ({"train": {"lr": True}}, "'train.lr': expected a number"),
+        ({"train": {"stepz": 3}}, "unknown key\\(s\\) train.stepz"),
+        ({"train": {"steps": "many"}}, "train.steps: expected an integer"),
+        ({"train": {"lr": True}}, "train.lr: expected a number"),
         ({"optimizer": {}}, "unknown config section 'optimizer'"),
         ({"data": {"codes": "g1b2i64f1"}}, "'data.codes': bad data code"),
         ({"model": {"preset": "tiny", "num_heads": 5}}, "not divisible"),
@@ -107,7 +107,7 @@ def test_cli_rejects_bad_input_before_spawning(tmp_path):
     r = runner.invoke(app, ["train", "--config", cfg, "--nproc", "2", "--balancer", "g4n1"])
     assert r.exit_code == 2 and "does not fit 2 ranks" in r.output
     r = runner.invoke(app, ["train", "--config", cfg, "--set", "train.lr=fast"])
-    assert r.exit_code == 2 and "'train.lr': expected a number" in r.output
+    assert r.exit_code == 2 and "train.lr: expected a number" in r.output
     r = runner.invoke(
         app,
         ["train", "--config", cfg, "--nproc", "2", "--resume", "--checkpoint-dir", str(tmp_path)],

@@ -1,7 +1,7 @@
 """Typed trainer configuration: TOML files in the repo plus command-line overrides.
 
 Pure: a dict (from TOML) in, frozen dataclasses out, every unknown key or wrong type rejected with
-one line naming it (``config key 'train.lr': expected a number, got 'fast'``). Overrides use
+one line naming it (``train.lr: expected a number, got 'fast'``). Overrides use
 dotted keys with TOML values (``--set train.lr=3e-4``); the trainer's named flags (``--steps``,
 ``--balancer``, ...) are sugar for the same overrides.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from appshell.inputs import InputFileError, read_text
+from appshell.tables import dataclass_from_table
 from knapformer.models.mmdit import MMDiTConfig, MMDiTInputError, mmdit_config
 from knapformer.planning.layout import BagLayout, LayoutError
 from knapformer.sim.datacodes import DataCodeError, parse_data_codes
@@ -117,40 +117,6 @@ _SECTIONS = {
 }
 
 
-def _type_name(tp: Any) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}.get(
-        tp, str(tp)
-    )
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    if isinstance(tp, str):  # postponed annotations
-        tp = {"int": int, "float": float, "str": str, "bool": bool}[tp]
-    ok = (
-        (tp is bool and isinstance(value, bool))
-        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
-        or (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool))
-        or (tp is str and isinstance(value, str))
-    )
-    if not ok:
-        raise ConfigError(f"config key {key!r}: expected {_type_name(tp)}, got {value!r}")
-    return float(value) if tp is float else value
-
-
-def _section(name: str, cls: type, raw: Any) -> Any:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config section {name!r} must be a table, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(
-            f"unknown config key '{name}.{unknown[0]}' "
-            f"(known in [{name}]: {', '.join(sorted(known))})"
-        )
-    return cls(**{k: _coerce(f"{name}.{k}", v, hints[k]) for k, v in raw.items()})
-
-
 def _validate(cfg: TrainConfig) -> None:
     t, b, c, d = cfg.train, cfg.balance, cfg.checkpoint, cfg.data
     if t.steps < 1:
@@ -194,7 +160,7 @@ def build_config(raw: dict[str, Any]) -> TrainConfig:
         raise ConfigError(f"config section 'model' must be a table, got {model!r}")
     kwargs: dict[str, Any] = {"model": dict(model)}
     for name, cls in _SECTIONS.items():
-        kwargs[name] = _section(name, cls, raw.get(name, {}))
+        kwargs[name] = dataclass_from_table(cls, raw.get(name, {}), name, ConfigError)
     cfg = TrainConfig(**kwargs)
     _validate(cfg)
     return cfg

@@ -12,7 +12,6 @@ tag, rebuilds the model from the stored config and loads the weights strictly; a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,7 @@ from torch import nn
 
 from appshell.atomic import atomic_write_with
 from appshell.inputs import InputFileError, check_regular_file, load_torch, loads_json
+from appshell.tables import dataclass_from_table
 from splatpainter.model.stage1 import (
     PreprocessViews,
     Stage1Config,
@@ -66,23 +66,11 @@ class EditorConfig:
     def from_dict(cls, d: dict[str, Any]) -> EditorConfig:
         """Rebuild from asdict(); unknown fields are an error naming them."""
         try:
-            s1 = _build(Stage1Config, d.get("stage1", {}), "stage1")
-            s2 = _build(Stage2Config, d.get("stage2", {}), "stage2")
+            s1 = dataclass_from_table(Stage1Config, d.get("stage1", {}), "stage1")
+            s2 = dataclass_from_table(Stage2Config, d.get("stage2", {}), "stage2")
             return cls(stage1=s1, stage2=s2)
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"invalid editor config: {e}") from None
-
-
-def _build(cls, d: dict, name: str):
-    known = {f.name for f in dataclasses.fields(cls)}
-    extra = sorted(set(d) - known)
-    if extra:
-        raise ValueError(f"{name} has unknown fields {extra}")
-    d = dict(d)
-    for k, v in d.items():  # JSON/pickle may turn tuples into lists
-        if isinstance(v, list):
-            d[k] = tuple(v)
-    return cls(**d)
 
 
 class EditorModel(nn.Module):

@@ -29,12 +29,11 @@ import dataclasses
 import os
 import re
 import sys
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from appshell.tables import dataclass_from_table
 from splatpainter.model.editor import EditorConfig
 from splatpainter.model.stage1 import Stage1Config
 from splatpainter.model.stage2 import Stage2Config
@@ -163,46 +162,12 @@ class PhaseConfig:
 
 
 # ------------------------------------------------------------------------ parsing
-def _check_type(name: str, value: Any, hint: Any) -> Any:
-    origin = typing.get_origin(hint)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name} must be a list, got {type(value).__name__}")
-        inner = typing.get_args(hint)[0]
-        return tuple(_check_type(f"{name}[{i}]", v, inner) for i, v in enumerate(value))
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(hint):
-            if arg is type(None) and value is None:
-                return None
-            try:
-                return _check_type(name, value, arg)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{name} has the wrong type ({type(value).__name__})")
-    if isinstance(hint, type):
-        if hint is int and isinstance(value, bool):
-            raise ConfigError(f"{name} must be int, got bool")
-        if not isinstance(value, hint):
-            raise ConfigError(f"{name} must be {hint.__name__}, got {type(value).__name__}")
-    return value
-
-
 def _build(cls: type, table: Any, name: str) -> Any:
-    if not isinstance(table, dict):
-        raise ConfigError(f"[{name}] must be a table, got {type(table).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"[{name}] has unknown key(s) {unknown}; known: {sorted(known)}")
-    kwargs = {k: _check_type(f"{name}.{k}", v, hints[k]) for k, v in table.items()}
     try:
-        return cls(**kwargs)
+        return dataclass_from_table(cls, table, name, ConfigError)
     except ConfigError:
         raise
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError) as e:  # the dataclass's own range checks
         raise ConfigError(f"[{name}]: {e}") from None
 
 
