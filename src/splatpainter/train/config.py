@@ -175,7 +175,7 @@ def config_from_dict(d: dict[str, Any]) -> TrainConfig:
     unknown = sorted(set(d) - {"model", "data", "optim", "loss", "phase"})
     if unknown:
         raise ConfigError(f"unknown table(s) {unknown}; use model, data, optim, loss, phase")
-    cfg = _tables_from_dict(d)
+    cfg = _tables_from_dict(d)  # first: the phases build on these tables
     cfg.phases = _phases_from_dict(d)
     return cfg
 
@@ -209,9 +209,8 @@ def _phases_from_dict(d: dict[str, Any]) -> tuple[PhaseConfig, ...]:
             raise ConfigError(f"{where}: optim.init_from is set: a phase starts from the last")
         for key in ("data", "optim", "loss"):
             tables[key] = {**tables[key], **p.get(key, {})}
-        model = tables["model"] if isinstance(tables["model"], dict) else {}
-        stage2 = model.get("stage2", {}) if isinstance(model.get("stage2", {}), dict) else {}
-        tables["model"] = {**model, "stage2": {**stage2, **p.get("stage2", {})}}
+        model = tables["model"]  # (a table, with a stage2 table: _tables_from_dict checked it)
+        tables["model"] = {**model, "stage2": {**model.get("stage2", {}), **p.get("stage2", {})}}
         if i > 0:
             tables["optim"].pop("init_from", None)
         try:
