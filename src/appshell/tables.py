@@ -40,6 +40,20 @@ def _coerce(key: str, value: Any, tp: Any, error: type[Exception]) -> Any:
     return float(value) if tp is float else value
 
 
+def check_keys(
+    table: dict, known, name: str, error: type[Exception] = ValueError, *, header: str = ""
+) -> None:
+    """Refuse keys of `table` outside `known`, naming them as `name.key`.
+
+    header: how the table is written in the file (default "[name]"; "[[phase]]" for an array).
+    """
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        keys = ", ".join(f"{name}.{k}" for k in unknown)
+        where = header or f"[{name}]"
+        raise error(f"unknown key(s) {keys} (known in {where}: {', '.join(sorted(known))})")
+
+
 def dataclass_from_table(
     cls: type[T], table: Any, name: str, error: type[Exception] = ValueError
 ) -> T:
@@ -51,9 +65,6 @@ def dataclass_from_table(
     if not isinstance(table, dict):
         raise error(f"[{name}] must be a table, got {table!r}")
     fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(table) - fields)
-    if unknown:
-        keys = ", ".join(f"{name}.{k}" for k in unknown)
-        raise error(f"unknown key(s) {keys} (known in [{name}]: {', '.join(sorted(fields))})")
+    check_keys(table, fields, name, error)
     hints = typing.get_type_hints(cls)
     return cls(**{k: _coerce(f"{name}.{k}", v, hints[k], error) for k, v in table.items()})

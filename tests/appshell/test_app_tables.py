@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from appshell.tables import dataclass_from_table
+from appshell.tables import check_keys, dataclass_from_table
 
 
 class TableError(ValueError):
@@ -58,3 +58,12 @@ def test_a_table_that_is_not_a_table_and_the_dataclass_own_checks():
     with pytest.raises(ValueError, match="steps must be >= 1") as info:
         dataclass_from_table(Section, {"steps": 0}, "optim", TableError)
     assert type(info.value) is ValueError  # the dataclass's own error, unchanged
+
+
+def test_check_keys_names_each_unknown_key_and_the_table_header():
+    check_keys({"name": "x", "data": {}}, ("name", "data"), "phase[1]", TableError)
+    with pytest.raises(TableError) as e:
+        table = {"name": "x", "stpes": 3, "lr": 1}
+        check_keys(table, ("name", "data"), "phase[2]", TableError, header="[[phase]]")
+    want = "unknown key(s) phase[2].lr, phase[2].stpes (known in [[phase]]: data, name)"
+    assert str(e.value) == want

@@ -82,6 +82,8 @@ def test_config_errors_name_the_key(tmp_path):
         config_from_dict({"optim": {"lr": "fast"}})
     with pytest.raises(ConfigError, match=r"unknown key\(s\) model\.stage2\.delta_scope"):
         config_from_dict({"model": {"stage2": {"delta_scope": "global"}}})
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) model\.stage3 \(known in \[model\]: "):
+        config_from_dict({"model": {"stage3": {}}})
     with pytest.raises(ConfigError, match="first_seed must be >= 100000"):
         config_from_dict({"data": {"first_seed": 5}})
     with pytest.raises(ConfigError, match=r"loss\.form must be"):
@@ -230,7 +232,8 @@ def test_phases_override_the_phase_before_and_name_their_errors(tmp_path):
             config_from_dict(d)
 
     bad(lambda ph: ph[1]["stage2"].update(dim=64), r"'solve'\): stage2 key\(s\) \['dim'\]")
-    bad(lambda ph: ph[2].update(steps=3), r"'maps'\) has unknown key\(s\) \['steps'\]")
+    unknown = r"unknown key\(s\) phase\[3\]\.steps \(known in \[\[phase\]\]: data, "
+    bad(lambda ph: ph[2].update(steps=3), unknown)
     bad(lambda ph: ph[2]["optim"].update(init_from="x"), "a phase starts from the last")
     bad(lambda ph: ph[2].update(name="solve"), "phase names must differ")
     bad(lambda ph: ph[0].update(name="Base run"), "name must be a short lowercase word")

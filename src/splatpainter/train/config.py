@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appshell.tables import dataclass_from_table
+from appshell.tables import check_keys, dataclass_from_table
 from splatpainter.model.editor import EditorConfig
 from splatpainter.model.stage1 import Stage1Config
 from splatpainter.model.stage2 import Stage2Config
@@ -189,9 +189,7 @@ def _phases_from_dict(d: dict[str, Any]) -> tuple[PhaseConfig, ...]:
     for i, p in enumerate(raw):
         name = p.get("name")
         where = f"[[phase]] {i + 1}" + (f" ({name!r})" if isinstance(name, str) else "")
-        unknown = sorted(set(p) - set(PHASE_KEYS))
-        if unknown:
-            raise ConfigError(f"{where} has unknown key(s) {unknown}; known: {list(PHASE_KEYS)}")
+        check_keys(p, PHASE_KEYS, f"phase[{i + 1}]", ConfigError, header="[[phase]]")
         if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", name):
             raise ConfigError(f"{where}: name must be a short lowercase word, e.g. 'base'")
         if name in {q.name for q in phases}:
@@ -224,9 +222,7 @@ def _tables_from_dict(d: dict[str, Any]) -> TrainConfig:
     model = d.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError("[model] must be a table")
-    bad = sorted(set(model) - {"stage1", "stage2"})
-    if bad:
-        raise ConfigError(f"[model] has unknown key(s) {bad}; use stage1, stage2")
+    check_keys(model, ("stage1", "stage2"), "model", ConfigError)
     s1 = _build(Stage1Config, model.get("stage1", {}), "model.stage1")
     s2 = _build(Stage2Config, model.get("stage2", {}), "model.stage2")
     try:
