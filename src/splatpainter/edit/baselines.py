@@ -8,25 +8,37 @@ from typing import Any
 
 import torch
 
-from splatpainter.assets.gaussians import SH_C0
+from splatpainter.assets.gaussians import SH_C0, sh_dc_to_rgb
 from splatpainter.edit.methods import EditMethod, write_back
 from splatpainter.edit.shares import Visibility, visibility
 from splatpainter.edit.signals import gather_signals
+from splatpainter.edit.solve import solve_color_delta
 from splatpainter.edit.views import EditView, effective_mask
 
 
 class BackprojectMethod(EditMethod):
-    """Move each seen Gaussian's colour by the compositing-weighted mean correction of its pixels.
+    """Give the Gaussians the edit view meaningfully sees the colour change its pixels ask for.
 
-    Residual form: dc_g = f_g sum_p w_gp m_p (edited_p - render_p) / sum_p w_gp m_p (SH DC only,
-    higher bands stay).  For an opaque surface this takes the Gaussian to the weighted-average
-    target colour; unlike "set the colour to the average target" it is exactly a no-op when the
-    edited image equals the render.  A Gaussian is a candidate when it has at least
-    `min_weight` pixels of in-mask weight and `min_support` of its visible weight in the mask.
+    Which Gaussians: a candidate has at least `min_weight` pixels of in-mask weight and
+    `min_support` of its visible weight in the mask; the occlusion factor f_g below fades or
+    drops the ones behind the visible surface.  How much (SH DC only, higher bands stay):
 
-    Occlusion: the mean correction is normalised by the Gaussian's own weight, so without a
-    further factor a Gaussian hidden behind a surface (0.04 px of weight, all of it inside the
-    painted area) would take the full correction and the paint would show on the object's back.
+    - least squares (default, solve_iters > 0): the selected Gaussians' colour change that best
+      reproduces the masked pixel change, d = argmin sum_v |A_v d - m_v (edited_v - render_v)|^2
+      + prior_px |d|^2, colours kept in [0, 1] (edit/solve.py, `solve_iters` FISTA steps).
+      Pixels where a changed Gaussian blends with one that the edit leaves alone ask for the
+      blend, not for the whole correction, so a relight does not drag along the Gaussians whose
+      colour it does not change; the prior (in pixels of weight) keeps faint ones put.
+    - residual (solve_iters=0): dc_g = f_g sum_p w_gp m_p (edited_p - render_p) / sum_p w_gp m_p,
+      the compositing-weighted mean correction of its pixels, scaled by f_g.  For an opaque
+      surface this takes the Gaussian to the weighted-average target colour.
+
+    Both are exactly a no-op when the edited image equals the render.
+
+    Occlusion: the residual form normalises the correction by the Gaussian's own weight, so
+    without a further factor a Gaussian hidden behind a surface (0.04 px of weight, all of it
+    inside the painted area) would take the full correction and the paint would show on the
+    object's back; the least-squares form uses f_g > 0 only to select the Gaussians it solves for.
     The factor f_g in [0, 1] is the Gaussian's *meaningful share* of its pixels:
 
         seen_g = sum_p m_p w_gp / sum_p m_p alpha_gp   (shares.Visibility.seen)
@@ -52,9 +64,21 @@ class BackprojectMethod(EditMethod):
         share_min: float = 0.05,
         share_full: float = 0.25,
         surface_sigmas: float | None = 3.0,
+        solve_iters: int = 20,
+        solve_prior_px: float = 0.1,
         background=(0.0, 0.0, 0.0),
     ) -> None:
         super().__init__(background=background)
+        if (
+            isinstance(solve_iters, bool)
+            or not isinstance(solve_iters, numbers.Integral)
+            or solve_iters < 0
+        ):
+            raise ValueError(f"solve_iters must be an int >= 0, got {solve_iters!r}")
+        if not solve_prior_px >= 0:
+            raise ValueError(f"solve_prior_px must be >= 0, got {solve_prior_px}")
+        self.solve_iters = int(solve_iters)
+        self.solve_prior_px = float(solve_prior_px)
         if not 0.0 <= share_min <= share_full <= 1.0:
             raise ValueError(
                 f"need 0 <= share_min <= share_full <= 1, got {share_min} and {share_full}"
@@ -75,6 +99,8 @@ class BackprojectMethod(EditMethod):
             "share_min": self.share_min,
             "share_full": self.share_full,
             "surface_sigmas": self.surface_sigmas,
+            "solve_iters": self.solve_iters,
+            "solve_prior_px": self.solve_prior_px,
         }
 
     def share_factor(self, asset, vis: Visibility) -> torch.Tensor:
@@ -105,8 +131,21 @@ class BackprojectMethod(EditMethod):
             vis = visibility(asset, [(ev.view.camera, ev.mask) for ev in evidence], candidate)
             f = self.share_factor(asset, vis)
         selected = candidate & (f > 0)
+        if self.solve_iters > 0:
+            step = solve_color_delta(
+                asset,
+                [ev.view.camera for ev in evidence],
+                [ev.mask[..., None] * (ev.view.image.to(ev.render) - ev.render) for ev in evidence],
+                selected,
+                sh_dc_to_rgb(asset.sh[:, 0, :]).clamp_max(1.0),
+                contributing=[ev.contributing for ev in evidence],
+                iters=self.solve_iters,
+                prior_px=self.solve_prior_px,
+            )
+            selected = (step != 0).any(-1)
+        else:
+            step = f[:, None].to(s.residual) * s.residual
         sh = asset.sh.clone()
-        step = f[:, None].to(s.residual) * s.residual
         sh[:, 0, :] = asset.sh[:, 0, :] + step.to(asset.sh) / SH_C0
         return write_back(asset, selected, sh=sh), state
 
@@ -144,7 +183,7 @@ class OptimizeMethod(EditMethod):
         bands: str = "dc",
         fit_geometry: bool = False,
         preserve_weight: float = 20.0,
-        prior_px: float = 0.01,
+        prior_px: float = 0.1,
         background=(0.0, 0.0, 0.0),
     ) -> None:
         super().__init__(background=background)

@@ -29,6 +29,7 @@ class ViewEvidence:
     view: EditView
     render: torch.Tensor  # [H, W, 3] current render from the view's camera
     mask: torch.Tensor  # [H, W] effective mask
+    contributing: torch.Tensor  # [N] bool: the Gaussians with any compositing weight in the view
 
 
 def current_colors(asset, camera) -> torch.Tensor:
@@ -62,7 +63,7 @@ def gather_signals(
     zeros = a.means.new_zeros(n)
     wm, wa, wt = zeros.clone(), zeros.clone(), zeros.clone()
     wr = a.means.new_zeros(n, 3)
-    evidence, contributing = [], []
+    evidence = []
     for view in views:
         cam = view.camera.to(a.device)
         with torch.no_grad():
@@ -82,11 +83,11 @@ def gather_signals(
         wm += g1[:, 0]
         wa += g1[:, 1]
         wt += g1[:, 2]
-        contributing.append(g1[:, 2] > 0)
         wr += g2
-        evidence.append(ViewEvidence(view, ref, mask))
+        evidence.append(ViewEvidence(view, ref, mask, g1[:, 2] > 0))
     has = wm > 0
     support = torch.where(wt > 0, wm / torch.where(wt > 0, wt, torch.ones_like(wt)), zeros)
+    contributing = [ev.contributing for ev in evidence]
     solved = affine = shading = None
     if solve_iters > 0:
         from splatpainter.assets.gaussians import sh_dc_to_rgb
