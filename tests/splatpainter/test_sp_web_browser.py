@@ -142,6 +142,11 @@ def test_orbit_paint_apply_undo_export(playwright_api, server, tmp_path):
             wait_ready(page, "sp.hasPaint")
             assert page.evaluate("sp.sid") == sid
             assert page.evaluate("({...sp.view})") == view
+            # ... and so do the tool and the brush (the user's settings, kept per browser)
+            assert page.evaluate("tool()") == "brush"
+            assert page.evaluate("brush()") == {
+                "color": "#00ff00", "size": 24, "opacity": 1, "hardness": 1,
+            }  # fmt: skip
             page.unroute("**/view")
             page.screenshot(path=str(ARTIFACTS / "web_editor_painted.png"))
             # a progress indicator runs while the edit is computed (the request is held here

@@ -292,6 +292,36 @@ function clearEdits() {
   saveDraft();
 }
 
+// ------------------------------------------------------------------ tool settings survive a reload
+// The brush, the tool and the method are the user's, not the session's: one set per browser.
+const SETTINGS_KEY = "splatpainter-settings";
+const SETTINGS = ["brush-color", "brush-size", "brush-opacity", "brush-hardness", "method", "kind"];
+const TOOLS = ["orbit", "brush", "eraser"];
+
+function saveSettings() {
+  const s = { tool: tool() };
+  for (const id of SETTINGS) s[id] = $(id).value;
+  try { localStorage.setItem(SETTINGS_KEY, JSON.stringify(s)); } catch (e) { /* not kept */ }
+}
+
+function loadSettings() {
+  let s = null;
+  try { s = JSON.parse(localStorage.getItem(SETTINGS_KEY) || "null"); } catch (e) { /* none */ }
+  if (!s || typeof s !== "object") return;
+  for (const id of SETTINGS) {
+    const el = $(id), v = s[id];
+    if (typeof v !== "string") continue;
+    // a select keeps its value only if this server offers it; range and colour inputs clamp
+    if (el.tagName === "SELECT" && ![...el.options].some((o) => o.value === v)) continue;
+    el.value = v;
+    if ($(`${id}-out`)) $(`${id}-out`).textContent = el.value;
+  }
+  if (TOOLS.includes(s.tool)) {
+    document.querySelector(`input[name=tool][value=${s.tool}]`).checked = true;
+    screen.classList.toggle("painting", s.tool !== "orbit");
+  }
+}
+
 // ------------------------------------------------------------------ unapplied paint survives a reload
 // The server keeps the applied history and the view; paint and mask not yet applied stay in this
 // browser (localStorage, per session), tied to the view and history entry they were painted on.
@@ -546,10 +576,11 @@ for (const id of ["brush-size", "brush-opacity", "brush-hardness", "hsv-h", "hsv
     if (id.startsWith("hsv")) { redraw(); showStatusLine(); markReady(); }
   });
 }
+for (const id of SETTINGS) for (const ev of ["input", "change"]) $(id).addEventListener(ev, saveSettings);
 $("hsv-scope").addEventListener("change", redraw);
 $("mask-layer").addEventListener("change", redraw);
 for (const r of document.querySelectorAll("input[name=tool]")) {
-  r.addEventListener("change", () => screen.classList.toggle("painting", tool() !== "orbit"));
+  r.addEventListener("change", () => { screen.classList.toggle("painting", tool() !== "orbit"); saveSettings(); });
 }
 $("clear-paint").addEventListener("click", () => { clearEdits(); showStatusLine(); markReady(); });
 $("apply").addEventListener("click", applyEdit);
@@ -574,6 +605,7 @@ async function start() {
     for (const [sel, items, def] of [["method", sp.cfg.methods, sp.cfg.default_method], ["kind", sp.cfg.kinds, sp.cfg.default_kind]]) {
       for (const m of items) $(sel).add(new Option(m, m, m === def, m === def));
     }
+    loadSettings();
     const m = location.hash.match(/s=([0-9a-f]{32})/);
     let info = null;
     if (m) {
