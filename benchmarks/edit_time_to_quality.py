@@ -7,7 +7,9 @@ PSNR reaches the model's gives the time ratio optimisation / model ("not reached
 last rung stays below; its time ratio is then a lower bound).
 
     python benchmarks/edit_time_to_quality.py [--json] [--seeds 0-7] [--kinds paint,recolor]
-        [--steps 25,50,100,200,500] [--weights W]
+        [--steps 25,50,100,200,500] [--prior-px P] [--weights W]
+
+--prior-px sets optimisation's pull toward each Gaussian's colour (default: OptimizeMethod's).
 
 Runs the same scoring code as `splatpainter evaluate` (eval.suite.evaluate_edit).
 """
@@ -21,7 +23,7 @@ import sys
 from typing import Any
 
 
-def run(seeds, kinds, ladder, weights) -> dict[str, Any]:
+def run(seeds, kinds, ladder, weights, prior_px=None) -> dict[str, Any]:
     from rich.progress import Progress
 
     from splatpainter.edit import ModelMethod, OptimizeMethod
@@ -31,8 +33,14 @@ def run(seeds, kinds, ladder, weights) -> dict[str, Any]:
     model, label = load_model(weights)
     cfg = EvalConfig(seeds=tuple(seeds), kinds=tuple(kinds)).validate()
     methods: dict[str, Any] = {"model": ModelMethod(model)}
-    methods.update({f"optimize@{k}": OptimizeMethod(steps=k) for k in ladder})
-    out: dict[str, Any] = {"weights": label, "seeds": list(seeds), "ladder": list(ladder)}
+    prior = {} if prior_px is None else {"prior_px": prior_px}
+    methods.update({f"optimize@{k}": OptimizeMethod(steps=k, **prior) for k in ladder})
+    out: dict[str, Any] = {
+        "weights": label,
+        "seeds": list(seeds),
+        "ladder": list(ladder),
+        "prior_px": methods[f"optimize@{ladder[0]}"].prior_px,
+    }
     first = make_sequence(seeds[0], cfg.edit_spec(kinds[0]))
     evaluate_edit(first, {"model": methods["model"], "warm-up": OptimizeMethod(steps=1)})
     with Progress(transient=True) as bar:
@@ -70,18 +78,24 @@ def main() -> None:
     p.add_argument("--seeds", default="0-7")
     p.add_argument("--kinds", default="paint,recolor,global,relight,detail")
     p.add_argument("--steps", default="25,50,100,200,500")
+    p.add_argument("--prior-px", type=float, default=None)
     p.add_argument("--weights", default=None)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     from splatpainter.eval.suite import parse_seeds
 
     ladder = sorted({int(s) for s in a.steps.split(",")})
-    res = run(parse_seeds(a.seeds), a.kinds.split(","), ladder, a.weights)
+    if a.prior_px is not None and not a.prior_px >= 0:
+        p.error(f"--prior-px must be >= 0, got {a.prior_px}")
+    res = run(parse_seeds(a.seeds), a.kinds.split(","), ladder, a.weights, a.prior_px)
     if a.json:
         json.dump(res, sys.stdout, indent=2)
         print()
         return
-    print(f"weights {res['weights']}, seeds {a.seeds}; mean changed-pixel PSNR (dB) / s per edit")
+    print(
+        f"weights {res['weights']}, seeds {a.seeds}, optimisation prior {res['prior_px']} px; "
+        "mean changed-pixel PSNR (dB) / s per edit"
+    )
     for kind in a.kinds.split(","):
         r = res[kind]
         cells = ", ".join(
