@@ -5,24 +5,25 @@
   bug and keeps its traceback.
 - `JsonFlag`, `DeviceOption`: shared options, declared once.
 - `choice_enum`: choices as an Enum, so ``--help`` lists them and typer rejects others.
-- `progress` / `status`: rich progress on stderr for anything that can take more than ~2 s.
+- `progress` / `status` (from `appshell.progress`): progress on stderr for anything that can
+  take more than ~2 s.
 - `print_json`: the ``--json`` output (one JSON document on stdout).
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 from appshell.errors import UserError
+from appshell.progress import Bar, progress, status
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -212,74 +213,6 @@ def _finite(obj: Any) -> Any:
 def print_json(obj: Any, *, indent: int | None = 2) -> None:
     """The --json output: strict JSON (non-finite floats become null) on stdout."""
     typer.echo(json.dumps(_finite(obj), indent=indent, default=str, allow_nan=False))
-
-
-# ------------------------------------------------------------------ progress
-class Bar:
-    """A handle on one progress task: advance, update, or use as a (done, total) callback."""
-
-    def __init__(self, progress: Any, task: Any) -> None:
-        self._progress = progress
-        self._task = task
-
-    def advance(self, n: float = 1) -> None:
-        self._progress.advance(self._task, n)
-
-    def update(self, **fields: Any) -> None:
-        self._progress.update(self._task, **fields)
-
-    def __call__(self, done: float, total: float | None = None) -> None:
-        if total is None:
-            self._progress.update(self._task, completed=done)
-        else:
-            self._progress.update(self._task, completed=done, total=total)
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
-@contextlib.contextmanager
-def progress(
-    description: str,
-    total: float | None = None,
-    *,
-    transient: bool = True,
-    counted: bool | None = None,
-) -> Iterator[Bar]:
-    """A rich progress bar on stderr; a spinner with elapsed time when nothing is counted.
-
-    counted=True shows a bar even when the total is only known later (set via the callback).
-    """
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
-    if counted or (counted is None and total is not None):
-        columns += [BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
-    columns.append(TimeElapsedColumn())
-    console = _console()
-    # Not a terminal (a pipe, a log file, a test): no live display, so no stray blank lines.
-    with Progress(
-        *columns, console=console, transient=transient, disable=not console.is_terminal
-    ) as p:
-        yield Bar(p, p.add_task(description, total=total))
-
-
-@contextlib.contextmanager
-def status(description: str) -> Iterator[None]:
-    """A spinner with elapsed time for one step of unknown length."""
-    with progress(description):
-        yield
 
 
 def note(message: str) -> None:

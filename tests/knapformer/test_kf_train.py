@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -299,14 +300,17 @@ def _write_tiny(path: Path) -> Path:
 def test_cli_spawns_ranks_and_writes_the_log(tmp_path):
     cfg = _write_tiny(tmp_path / "t.toml")
     log = tmp_path / "log.jsonl"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # progress on (stderr is a pipe: plain lines, here on every step), --json on stdout
+    env = dict(os.environ, OMP_NUM_THREADS="1", APPSHELL_PROGRESS_EVERY="0")
     cmd = [sys.executable, "-m", "knapformer.cli", "train", "--config", str(cfg), "--nproc", "2"]
-    cmd += ["--balancer", "g2n1", "--steps", "2", "--log", str(log), "--no-progress"]
+    cmd += ["--balancer", "g2n1", "--steps", "2", "--log", str(log), "--json"]
     r = _run(cmd, env, timeout=85)
     assert r.returncode == 0, r.stderr[-2000:]
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     assert [x["step"] for x in recs] == [1, 2] and set(recs[0]) >= FIELDS
     assert all(x["layout"] == "g2n1" for x in recs)
+    assert json.loads(r.stdout)["log"] == str(log)  # stdout is the JSON document alone
+    assert re.search(r"^train: 2/2 \(100%\) loss \d+\.\d{4} \d+m\d\ds$", r.stderr, re.M), r.stderr
 
 
 @pytest.mark.distributed

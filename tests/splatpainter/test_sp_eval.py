@@ -266,11 +266,13 @@ def check_schema(report: dict, methods: list[str], kinds: list[str], forgetting:
     assert set(report["grids"]) == set(kinds)
 
 
-def test_evaluate_json_schema_backproject(tmp_path):
+def test_evaluate_json_schema_backproject(tmp_path, monkeypatch):
+    monkeypatch.setenv("APPSHELL_PROGRESS_EVERY", "0")  # not a terminal: a line per update
     r = run(*TINY, "--methods", "backproject", "--kinds", "paint,global", "--json",
             "--out", tmp_path)  # fmt: skip
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
+    assert "forgetting seed 0: 3/3 (100%)" in r.stderr, r.stderr  # 2 kinds + forgetting
     check_schema(report, ["backproject"], ["paint", "global"], forgetting=True)
     assert report["model"] is None
     # backprojection improves on doing nothing where the edit view sees the change

@@ -364,9 +364,11 @@ class _progress:
     def __enter__(self) -> Callable[[float], None]:
         if not self.show:
             return lambda _loss: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
-        self._p = Progress(
+        from appshell.progress import display
+
+        self._p = display(
             TextColumn("train"),
             BarColumn(),
             MofNCompleteColumn(),

@@ -31,12 +31,6 @@ def _parse_range(text: str, what: str) -> tuple[int, int]:
     return a, b
 
 
-def _progress_console():
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
 @app.command()
 def evaluate(
     suite: str = typer.Option("procedural", metavar="SUITE", help="evaluation suite (procedural)"),
@@ -131,21 +125,20 @@ def run_with_progress(config, model=None, weights_label: str | None = None):
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
 
+    from appshell.progress import display
     from splatpainter.eval.suite import run_suite
 
-    with Progress(
+    with display(
         TextColumn("{task.description:<24}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=_progress_console(),
         transient=True,
     ) as bar:
         task = bar.add_task("evaluate", total=config.num_units())

@@ -27,15 +27,14 @@ def train(
     and OUT/editor.safetensors (load with --weights, or ship as the package default).  A config
     with [[phase]] tables trains each phase in OUT/<i>-<name>/ and ends with the same files.
     """
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
 
+    from appshell.progress import display
     from splatpainter.train.config import load_config
     from splatpainter.train.loop import WEIGHTS
     from splatpainter.train.loop import train as run_training
@@ -51,17 +50,15 @@ def train(
             run.data.cache_dir = str(cache_dir)
     total_steps = sum(run.optim.steps for run in runs)
     check_output_dir(out)  # before the cache is built, not after
-    console = Console(stderr=True)
     last: dict = {}
     t0 = time.perf_counter()
-    with Progress(
+    with display(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=console,
     ) as progress:
         cache_task = progress.add_task(
             "edit data (built once, cached)", total=runs[0].data.num_sequences, info=""
