@@ -135,7 +135,7 @@ class BackprojectMethod(EditMethod):
             step = solve_color_delta(
                 asset,
                 [ev.view.camera for ev in evidence],
-                [ev.mask[..., None] * (ev.view.image.to(ev.render) - ev.render) for ev in evidence],
+                [ev.wanted_change for ev in evidence],
                 selected,
                 sh_dc_to_rgb(asset.sh[:, 0, :]).clamp_max(1.0),
                 contributing=[ev.contributing for ev in evidence],

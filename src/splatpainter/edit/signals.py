@@ -31,6 +31,11 @@ class ViewEvidence:
     mask: torch.Tensor  # [H, W] effective mask
     contributing: torch.Tensor  # [N] bool: the Gaussians with any compositing weight in the view
 
+    @property
+    def wanted_change(self) -> torch.Tensor:
+        """[H, W, 3] m (edited - render): the change of the render the view asks for."""
+        return self.mask[..., None] * (self.view.image.to(self.render) - self.render)
+
 
 def current_colors(asset, camera) -> torch.Tensor:
     """The per-Gaussian RGB the renderer uses for this camera (SH evaluated, +0.5, clamped)."""
@@ -97,7 +102,7 @@ def gather_signals(
         solved = solve_color_delta(
             a,
             [ev.view.camera for ev in evidence],
-            [ev.mask[..., None] * (ev.view.image.to(ev.render) - ev.render) for ev in evidence],
+            [ev.wanted_change for ev in evidence],
             has,
             base,
             contributing=contributing,
