@@ -8,11 +8,10 @@ from typing import Any
 
 import torch
 
-from splatpainter.assets.gaussians import SH_C0, sh_dc_to_rgb
+from splatpainter.assets.gaussians import SH_C0
 from splatpainter.edit.methods import EditMethod, write_back
 from splatpainter.edit.shares import Visibility, visibility
-from splatpainter.edit.signals import gather_signals
-from splatpainter.edit.solve import solve_color_delta
+from splatpainter.edit.signals import gather_signals, solve_from_evidence
 from splatpainter.edit.views import EditView, effective_mask
 
 
@@ -132,15 +131,8 @@ class BackprojectMethod(EditMethod):
             f = self.share_factor(asset, vis)
         selected = candidate & (f > 0)
         if self.solve_iters > 0:
-            step = solve_color_delta(
-                asset,
-                [ev.view.camera for ev in evidence],
-                [ev.wanted_change for ev in evidence],
-                selected,
-                sh_dc_to_rgb(asset.sh[:, 0, :]).clamp_max(1.0),
-                contributing=[ev.contributing for ev in evidence],
-                iters=self.solve_iters,
-                prior_px=self.solve_prior_px,
+            step = solve_from_evidence(
+                asset, evidence, selected, iters=self.solve_iters, prior_px=self.solve_prior_px
             )
             selected = (step != 0).any(-1)
         else:

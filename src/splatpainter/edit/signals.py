@@ -45,6 +45,26 @@ def current_colors(asset, camera) -> torch.Tensor:
     return sh_to_color(asset.means, asset.sh, w2c, asset.sh_degree)
 
 
+def solve_from_evidence(
+    asset, evidence: list[ViewEvidence], touched: torch.Tensor, *, iters: int, prior_px: float
+) -> torch.Tensor:
+    """The least-squares colour change [N, 3] of the `touched` Gaussians (edit/solve.py) that
+    reproduces what the views ask for, each colour kept in [0, 1]."""
+    from splatpainter.assets.gaussians import sh_dc_to_rgb
+    from splatpainter.edit.solve import solve_color_delta
+
+    return solve_color_delta(
+        asset,
+        [ev.view.camera for ev in evidence],
+        [ev.wanted_change for ev in evidence],
+        touched,
+        sh_dc_to_rgb(asset.sh[:, 0, :]).clamp_max(1.0),
+        contributing=[ev.contributing for ev in evidence],
+        iters=iters,
+        prior_px=prior_px,
+    )
+
+
 def gather_signals(
     asset,
     views: list[EditView],
@@ -96,19 +116,9 @@ def gather_signals(
     solved = affine = shading = None
     if solve_iters > 0:
         from splatpainter.assets.gaussians import sh_dc_to_rgb
-        from splatpainter.edit.solve import fit_color_maps, solve_color_delta
+        from splatpainter.edit.solve import fit_color_maps
 
-        base = sh_dc_to_rgb(a.sh[:, 0, :]).clamp_max(1.0)
-        solved = solve_color_delta(
-            a,
-            [ev.view.camera for ev in evidence],
-            [ev.wanted_change for ev in evidence],
-            has,
-            base,
-            contributing=contributing,
-            iters=solve_iters,
-            prior_px=solve_prior_px,
-        )
+        solved = solve_from_evidence(a, evidence, has, iters=solve_iters, prior_px=solve_prior_px)
         if normals is None:
             fit_maps = tuple(m for m in fit_maps if m != "shading")
         if fit_maps and bool(has.any()):

@@ -318,9 +318,11 @@ function loadSettings() {
   }
   if (TOOLS.includes(s.tool)) {
     document.querySelector(`input[name=tool][value=${s.tool}]`).checked = true;
-    screen.classList.toggle("painting", s.tool !== "orbit");
+    showTool();
   }
 }
+
+function showTool() { screen.classList.toggle("painting", tool() !== "orbit"); }
 
 // ------------------------------------------------------------------ unapplied paint survives a reload
 // The server keeps the applied history and the view; paint and mask not yet applied stay in this
@@ -580,7 +582,7 @@ for (const id of SETTINGS) for (const ev of ["input", "change"]) $(id).addEventL
 $("hsv-scope").addEventListener("change", redraw);
 $("mask-layer").addEventListener("change", redraw);
 for (const r of document.querySelectorAll("input[name=tool]")) {
-  r.addEventListener("change", () => { screen.classList.toggle("painting", tool() !== "orbit"); saveSettings(); });
+  r.addEventListener("change", () => { showTool(); saveSettings(); });
 }
 $("clear-paint").addEventListener("click", () => { clearEdits(); showStatusLine(); markReady(); });
 $("apply").addEventListener("click", applyEdit);
