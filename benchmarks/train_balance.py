@@ -68,7 +68,7 @@ def _rank_main(
     from knapformer.data.synthetic import SyntheticMixture
     from knapformer.planning.cost import CostModel
     from knapformer.train.costs import flops_cost, measure_bag_overhead
-    from knapformer.train.loop import ThreadClock, build_run, train_step
+    from knapformer.train.step import ThreadClock, build_run, train_step
 
     torch.set_num_threads(1)
     dist.init_process_group(

@@ -11,6 +11,7 @@ from knapformer.models.mmdit import (
     MMDiT,
     MMDiTConfig,
     MMDiTInputError,
+    Modulation,
     PackedBatch,
     mmdit_config,
 )
@@ -53,9 +54,18 @@ def _pack(seqs: list[dict]) -> PackedBatch:
     )
 
 
+def _randomize_modulation(model: MMDiT) -> MMDiT:
+    """Random (not adaLN-Zero) modulations: blocks that start as the identity would let
+    per-sequence conditioning or routing mistakes through unseen."""
+    for m in model.modules():
+        if isinstance(m, Modulation):
+            m.lin.reset_parameters()
+    return model
+
+
 def _model(cfg: MMDiTConfig = CFG) -> MMDiT:
     torch.manual_seed(0)
-    return MMDiT(cfg).double()
+    return _randomize_modulation(MMDiT(cfg).double())
 
 
 SEQS = [(3, (1, 2, 3)), (0, (3, 2, 2)), (5, (1, 1, 1)), (2, (2, 1, 3))]
@@ -175,3 +185,76 @@ def test_synthetic_data_errors_are_named():
         SyntheticMixture("g1b3i64f1s0,g1b1i64f17s1", CFG, 3)
     with pytest.raises(DataCodeError, match="text_tokens_max"):
         SyntheticMixture("g1b3i64f1s0", CFG, 1, text_tokens_max=-1)
+
+
+# ---- adaLN-Zero initialisation -----------------------------------------------------------------
+
+
+def test_fresh_model_blocks_are_exact_identities():
+    """adaLN-Zero: every modulation projection starts at zero, so each block returns its
+    residual stream bit for bit (gates 0), whatever the input."""
+    torch.manual_seed(0)
+    model = MMDiT(mmdit_config("tiny", depth_double=2, depth_single=2))
+    mods = [m for m in model.modules() if isinstance(m, Modulation)]
+    assert len(mods) == 2 * 2 + 2 + 1  # two streams per double block, single blocks, final
+    assert all(not m.lin.weight.any() and not m.lin.bias.any() for m in mods)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def hook(_mod, args, out):
+        seen.append((args[0].detach().clone(), out.detach().clone()))
+
+    for block in model.blocks:
+        block.register_forward_hook(hook)
+    seqs = [_seq(n, g, i, interleave=True) for i, (n, g) in enumerate(SEQS)]
+    batch = _pack(
+        [{k: v.float() if v.is_floating_point() else v for k, v in s.items()} for s in seqs]
+    )
+    out = model(batch)
+    assert len(seen) == len(model.blocks)
+    for x_in, x_out in seen:
+        assert x_in.abs().max() > 0 and torch.equal(x_in, x_out)
+    assert out.abs().max() > 0  # the final projection is not zeroed: gradients flow at step 1
+    # init_weights() again (e.g. after building on the meta device) gives the same structure
+    model.init_weights()
+    assert all(not m.lin.weight.any() for m in mods)
+
+
+def test_adaln_zero_model_still_learns():
+    """The tiny model from its adaLN-Zero start lowers the rectified-flow loss on one batch."""
+    cfg = mmdit_config("tiny")
+    torch.manual_seed(0)
+    model = MMDiT(cfg)
+    tb = SyntheticMixture("g1b2i64f1s0", cfg, 1, text_tokens_max=4).batch(1, 0)
+    optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = (model(tb.batch) - tb.target).pow(2).mean()
+        losses.append(loss.item())
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    assert losses[-1] < 0.8 * losses[0], losses
+    gates = [m.lin.weight for m in model.modules() if isinstance(m, Modulation)]
+    assert all(g.abs().max() > 0 for g in gates)  # the modulations left zero
+
+
+def test_bf16_model_keeps_timesteps_rope_and_norms_in_fp32():
+    """In bf16, 0.5 and 0.501 are one number (spacing 2^-8): the conditioning and the timestep
+    embedding stay fp32, so a bf16 model still tells them apart; norms compute in fp32 too."""
+    from knapformer.models.mmdit import LayerNorm32, RMSNorm32
+
+    model = _model().to(torch.bfloat16)
+    seqs = [_seq(3, (1, 2, 3), 0)]
+    a = model(_pack(seqs))
+    seqs[0]["t"] = torch.tensor(0.5, dtype=torch.float64)
+    b = model(_pack(seqs))
+    seqs[0]["t"] = torch.tensor(0.501, dtype=torch.float64)
+    c = model(_pack(seqs))
+    assert a.dtype == torch.bfloat16 and (b - c).abs().max() > 0
+    x = torch.randn(4, 64).to(torch.bfloat16) * 100 + 1000
+    ln = LayerNorm32(64, elementwise_affine=False, eps=1e-6)
+    want = torch.nn.functional.layer_norm(x.float(), (64,), eps=1e-6).to(torch.bfloat16)
+    assert ln(x).dtype == torch.bfloat16 and torch.equal(ln(x), want)
+    rms = RMSNorm32(64, eps=1e-6).to(torch.bfloat16)
+    want = torch.nn.functional.rms_norm(x.float(), (64,), rms.weight.float(), 1e-6)
+    assert torch.equal(rms(x), want.to(torch.bfloat16))

@@ -4,7 +4,8 @@
   matches the exact per-sequence SDPA path;
 * route, attention and reverse_route (and their backward) add no host-device synchronisation
   (CUDA sync debug mode = error);
-* the trainer runs on one GPU with NCCL in bf16.
+* the trainer runs on one GPU with NCCL in bf16, and with the default mixed backend
+  ("cpu:gloo,cuda:nccl") in FSDP2 bf16 mixed precision with clipping, warm-up and EMA, on CUDA.
 """
 
 from __future__ import annotations
@@ -112,3 +113,39 @@ def test_trainer_runs_on_one_gpu_with_nccl(tmp_path):
         dist.destroy_process_group()
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in recs)
+
+
+def test_trainer_runs_mixed_precision_on_the_mixed_backend(tmp_path):
+    import torch.distributed as dist
+
+    from knapformer.train.config import build_config
+    from knapformer.train.loop import train
+    from knapformer.train.runtime import default_backend, run_device
+
+    torch.cuda.set_device(0)
+    dist.init_process_group(
+        default_backend(True),
+        init_method=f"file://{tmp_path / 'rdzv'}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    try:
+        assert run_device().type == "cuda"  # chosen from the group's backends, not its name
+        train_cfg = {"steps": 4, "mixed_precision": "bf16", "grad_clip": 1.0}
+        train_cfg |= {"warmup_steps": 2, "lr_schedule": "cosine", "ema_decay": 0.9}
+        cfg = build_config(
+            {
+                "model": {"preset": "cpu"},
+                "data": {"codes": "g1b4i256f1s0"},
+                "train": train_cfg,
+                "balance": {"balancer": "auto"},
+                "log": {"progress": False},
+            }
+        )
+        recs = train(cfg)
+    finally:
+        dist.destroy_process_group()
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    assert all(torch.isfinite(torch.tensor([r["loss"], r["grad_norm"]])).all() for r in recs)
+    assert recs[0]["lr"] == pytest.approx(0.5e-3)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from knapformer.models.mmdit import MMDiT, PackedBatch, mmdit_config
+from knapformer.models.mmdit import MMDiT, Modulation, PackedBatch, mmdit_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _dist_utils import run_workers
@@ -78,9 +78,18 @@ def _pack(seqs: list[dict]) -> tuple[PackedBatch, torch.Tensor]:
     return batch, torch.cat([s["w"] for s in seqs])
 
 
+def _randomize_modulation(model: MMDiT) -> MMDiT:
+    """Random (not adaLN-Zero) modulations: blocks that start as the identity would let
+    per-sequence conditioning or routing mistakes through unseen."""
+    for m in model.modules():
+        if isinstance(m, Modulation):
+            m.lin.reset_parameters()
+    return model
+
+
 def _model() -> MMDiT:
     torch.manual_seed(0)
-    return MMDiT(_cfg()).double()
+    return _randomize_modulation(MMDiT(_cfg()).double())
 
 
 def mmdit_worker(rank: int, world: int, seqs: list, cases: list[tuple[str, bool]]):

@@ -132,12 +132,19 @@ def train_worker(rank: int, world: int, raw: dict, ckpt: str, what: str):
 
     if what == "balance":
         return {"none": run(**{"balance.balancer": "none"}), "auto": run()}
-    full = run(**{"checkpoint.dir": ckpt, "checkpoint.every": 2})  # saves steps 2 and 3
+    import shutil
+
+    # Every stateful part on: warm-up + cosine schedule, clipping (grad norms are ~1), EMA.
+    parts = {"train.steps": 5, "train.lr_schedule": "cosine", "train.warmup_steps": 4}
+    parts |= {"train.grad_clip": 0.5, "train.ema_decay": 0.9, "checkpoint.every": 2}
+    full_dir, resume_dir = Path(ckpt) / "full", Path(ckpt) / "resumed"
+    full = run(**parts, **{"checkpoint.dir": str(full_dir)})  # saves steps 2, 4 and 5
     dist.barrier()
-    if rank == 0:  # resume from the uninterrupted run's step-2 checkpoint
-        (Path(ckpt) / "latest").write_text("step_00000002\n")
+    if rank == 0:  # a second directory that holds only the step-2 checkpoint (mid warm-up)
+        shutil.copytree(full_dir / "step_00000002", resume_dir / "step_00000002")
+        (resume_dir / "latest").write_text("step_00000002\n")
     dist.barrier()
-    resumed = run(**{"checkpoint.dir": ckpt, "checkpoint.every": 2, "checkpoint.resume": True})
+    resumed = run(**parts, **{"checkpoint.dir": str(resume_dir), "checkpoint.resume": True})
     return {"full": full, "resumed": resumed}
 
 
@@ -161,16 +168,65 @@ def test_balanced_losses_match_unbalanced(tmp_path):
     assert auto[0]["modelled_max_over_mean"] < none[0]["modelled_max_over_mean"]
 
 
+def _dcp_tensors(path: Path, out: Path) -> dict[str, object]:
+    """A DCP checkpoint as a flat ``{dotted key: tensor or value}`` dict (read in this process)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(path), str(out))
+    flat: dict[str, object] = {}
+
+    def walk(prefix: str, x: object) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(f"{prefix}.{i}", v)
+        else:
+            flat[prefix] = x
+
+    walk("", torch.load(out, weights_only=False))
+    return flat
+
+
 @pytest.mark.distributed
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_resume_is_exact(tmp_path):
-    res = _train(tmp_path, "resume")
+    """5 straight steps == 2 steps + resume (mid warm-up, clipping and EMA on) + 3 steps: the
+    records, the weights, the optimiser state and the EMA, bit for bit."""
+    import torch
+
+    res = run_workers(
+        __file__, "train_worker", 2, tmp_path, args=(TINY, str(tmp_path / "ckpt"), "resume"),
+        timeout=85,
+    )[0]  # fmt: skip
     full, resumed = res["full"], res["resumed"]
-    # Resume from step 2 reproduces the uninterrupted run bit for bit.
-    assert [r["step"] for r in resumed] == [3]
-    assert resumed[0]["loss"] == full[2]["loss"]
-    assert resumed[0]["rank_tokens"] == full[2]["rank_tokens"]
-    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_00000003"
+    assert [r["step"] for r in resumed] == [3, 4, 5]
+    assert [r["lr"] for r in full[:4]] == pytest.approx([3e-3 * s / 4 for s in (1, 2, 3, 4)])
+    assert any(r["grad_norm"] > 0.5 for r in full)  # clipping acted
+    for a, b in zip(resumed, full[2:], strict=True):
+        for key in ("loss", "lr", "grad_norm", "rank_tokens", "layout", "rank_modelled_load"):
+            assert a[key] == b[key], (a["step"], key, a[key], b[key])
+    ckpt = tmp_path / "ckpt"
+    assert (ckpt / "resumed" / "latest").read_text().strip() == "step_00000005"
+    for step in ("step_00000004", "step_00000005"):
+        want = _dcp_tensors(ckpt / "full" / step, tmp_path / f"full_{step}.pt")
+        got = _dcp_tensors(ckpt / "resumed" / step, tmp_path / f"resumed_{step}.pt")
+        assert sorted(got) == sorted(want)
+        groups = {k.split(".")[0] for k in want}
+        assert groups == {"model", "optim", "ema"}, groups
+        assert any(".exp_avg_sq" in k for k in want)  # the optimiser's state is in there
+        for k, v in want.items():
+            if isinstance(v, torch.Tensor):
+                assert torch.equal(v, got[k]), (step, k)
+            else:
+                assert v == got[k], (step, k)
+    # the EMA is a state of its own (not a copy of the weights), sharded and saved as one
+    w = _dcp_tensors(ckpt / "full" / "step_00000005", tmp_path / "w.pt")
+    keys = [k[len("model.") :] for k in w if k.startswith("model.")]
+    assert sorted(keys) == sorted(k[len("ema.") :] for k in w if k.startswith("ema."))
+    assert any(not torch.equal(w[f"model.{k}"], w[f"ema.{k}"]) for k in keys)
 
 
 def resume_cost_worker(rank: int, world: int, raw: dict, ckpt: str, prof_a: str, prof_b: str):

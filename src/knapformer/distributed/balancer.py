@@ -59,6 +59,7 @@ from knapformer.planning.cost import CostModel
 from knapformer.planning.layout import BagLayout, LayoutError
 from knapformer.planning.plan import Plan, plan_step
 from knapformer.planning.routing import RoutingTables, offset_tables, routing_from_plan
+from knapformer.planning.solvers.registry import DEFAULT_SOLVER, canonical_solver
 
 __all__ = ["AttnInputs", "Balancer", "BalancerError"]
 
@@ -192,7 +193,7 @@ class Balancer:
         cost: CostModel,
         *,
         num_heads: int | None = None,
-        solver: str = "ours",
+        solver: str = DEFAULT_SOLVER,
         group: Any = None,
         device: torch.device | str | None = None,
         gpus_per_node: int | None = None,
@@ -249,7 +250,7 @@ class Balancer:
                 if isinstance(cost, CostModel)
                 else repr(cost)
             ),
-            "solver": solver,
+            "solver": canonical_solver(solver) if isinstance(solver, str) else repr(solver),
             "solver_options": repr(sorted(self.solver_options.items())),
             "world_size": self.world_size,
             "gpus_per_node": gpus_per_node,

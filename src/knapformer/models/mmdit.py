@@ -16,6 +16,14 @@ latents) in any order; ``is_img`` says which is which. The model
 
 Attention is a submodule (:class:`VarlenAttention`) in every block, so parallelism swaps modules
 from outside instead of threading callables through ``forward``.
+
+Initialisation is adaLN-Zero (DiT, FLUX): the modulation projections start at zero, so every
+block starts as the identity on its residual stream (:meth:`MMDiT.init_weights`).
+
+Precision: the model computes in the dtype of its weights (bf16 under FSDP2 mixed precision) and
+casts its own inputs to it; the conditioning, the timestep embedding, RoPE and the norms are
+computed in at least fp32 whatever that dtype is (bf16 cannot tell timestep 0.500 from 0.502,
+and rounds RoPE angles and norm statistics), then cast back to the activations' dtype.
 """
 
 from __future__ import annotations
@@ -313,17 +321,41 @@ class VarlenAttention(nn.Module):
 # ---- building blocks -------------------------------------------------------------------------
 
 
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """At least fp32: where bf16 activations' precision is not enough (RoPE, norms, timesteps)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
-    """Sinusoidal embedding of ``t`` in [0, 1] (scaled by 1000 as in FLUX)."""
+    """Sinusoidal embedding of ``t`` in [0, 1] (scaled by 1000 as in FLUX), computed and
+    returned in at least fp32 (the caller casts it to the embedder's dtype)."""
+    dtype = _wide(t.dtype) if t.is_floating_point() else torch.float32
     half = dim // 2
     freqs = torch.exp(
-        -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half
+        -math.log(max_period) * torch.arange(half, dtype=dtype, device=t.device) / half
     )
-    args = 1000.0 * t.float()[:, None] * freqs[None]
+    args = 1000.0 * t.to(dtype)[:, None] * freqs[None]
     emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
     if dim % 2:
         emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
-    return emb.to(t.dtype) if t.is_floating_point() else emb
+    return emb
+
+
+class LayerNorm32(nn.LayerNorm):
+    """LayerNorm computed in at least fp32, returned in the input's dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = None if self.weight is None else self.weight.to(_wide(x.dtype))
+        b = None if self.bias is None else self.bias.to(_wide(x.dtype))
+        return F.layer_norm(x.to(_wide(x.dtype)), self.normalized_shape, w, b, self.eps).to(x.dtype)
+
+
+class RMSNorm32(nn.RMSNorm):
+    """RMSNorm computed in at least fp32, returned in the input's dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = None if self.weight is None else self.weight.to(_wide(x.dtype))
+        return F.rms_norm(x.to(_wide(x.dtype)), self.normalized_shape, w, self.eps).to(x.dtype)
 
 
 class MLPEmbedder(nn.Module):
@@ -341,15 +373,16 @@ class QKNorm(nn.Module):
 
     def __init__(self, head_dim: int):
         super().__init__()
-        self.q = nn.RMSNorm(head_dim, eps=1e-6)
-        self.k = nn.RMSNorm(head_dim, eps=1e-6)
+        self.q = RMSNorm32(head_dim, eps=1e-6)
+        self.k = RMSNorm32(head_dim, eps=1e-6)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q(q), self.k(k)
 
 
 class Modulation(nn.Module):
-    """Per-sequence ``vec`` -> ``k`` chunks of shift/scale/gate, one row per token."""
+    """Per-sequence ``vec`` -> ``k`` chunks of shift/scale/gate, one row per token (the
+    projection starts at zero: adaLN-Zero, see :meth:`MMDiT.init_weights`)."""
 
     def __init__(self, d: int, k: int):
         super().__init__()
@@ -393,11 +426,11 @@ class _StreamWeights(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.mod = Modulation(d, 6)
-        self.norm1 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.norm1 = LayerNorm32(d, elementwise_affine=False, eps=1e-6)
         self.qkv = nn.Linear(d, 3 * d)
         self.qk_norm = QKNorm(cfg.head_dim)
         self.proj = nn.Linear(d, d)
-        self.norm2 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.norm2 = LayerNorm32(d, elementwise_affine=False, eps=1e-6)
         self.mlp = nn.Sequential(
             nn.Linear(d, cfg.mlp_hidden), nn.GELU(approximate="tanh"), nn.Linear(cfg.mlp_hidden, d)
         )
@@ -457,7 +490,7 @@ class SingleStreamBlock(nn.Module):
         d = cfg.d_model
         self.num_heads, self.head_dim, self.mlp_hidden = cfg.num_heads, cfg.head_dim, cfg.mlp_hidden
         self.mod = Modulation(d, 3)
-        self.pre_norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.pre_norm = LayerNorm32(d, elementwise_affine=False, eps=1e-6)
         self.linear1 = nn.Linear(d, 3 * d + cfg.mlp_hidden)
         self.linear2 = nn.Linear(d + cfg.mlp_hidden, d)
         self.qk_norm = QKNorm(cfg.head_dim)
@@ -487,7 +520,7 @@ class SingleStreamBlock(nn.Module):
 class LastLayer(nn.Module):
     def __init__(self, cfg: MMDiTConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(cfg.d_model, elementwise_affine=False, eps=1e-6)
+        self.norm = LayerNorm32(cfg.d_model, elementwise_affine=False, eps=1e-6)
         self.mod = Modulation(cfg.d_model, 2)
         self.linear = nn.Linear(cfg.d_model, cfg.patch_dim)
 
@@ -511,18 +544,40 @@ class MMDiT(nn.Module):
         self.single_blocks = nn.ModuleList(SingleStreamBlock(cfg) for _ in range(cfg.depth_single))
         self.final_layer = LastLayer(cfg)
         self.dispatcher: nn.Module = LocalDispatcher()
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """PyTorch's default init for every layer, then adaLN-Zero: every modulation projection
+        (shift/scale/gate of the blocks, shift/scale of the final layer) is zero, so each block
+        starts as the identity on its residual stream (gates 0) and training grows the blocks
+        from there, as DiT and FLUX train. The output projection keeps its random init, so the
+        first step already sends gradients to the modulations. Called by ``__init__``; call it
+        again after materialising a model built on the meta device (torchtitan style)."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+        for m in self.modules():
+            if isinstance(m, Modulation):
+                nn.init.zeros_(m.lin.weight)
+                nn.init.zeros_(m.lin.bias)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         cfg = self.cfg
         check_batch(batch, cfg)
+        # The weights' dtype is the compute dtype (bf16 under FSDP2 mixed precision, whose
+        # unsharded parameters are in place during the forward): inputs are cast to it here.
+        dtype = self.img_in.weight.dtype
+        wide = _wide(dtype)
         is_img = batch.is_img
         img_idx = torch.nonzero(is_img).flatten()
         txt_idx = torch.nonzero(~is_img).flatten()
         order = torch.cat([img_idx, txt_idx])
         inv = torch.empty_like(order)
         inv[order] = torch.arange(order.numel(), device=order.device)
-        h = torch.cat([self.img_in(batch.img), self.txt_in(batch.txt)]).index_select(0, inv)
-        cond = torch.cat([batch.timesteps[:, None].to(h.dtype), batch.pooled.to(h.dtype)], dim=1)
+        h = torch.cat([self.img_in(batch.img.to(dtype)), self.txt_in(batch.txt.to(dtype))])
+        h = h.index_select(0, inv)
+        cond = torch.cat([batch.timesteps[:, None].to(wide), batch.pooled.to(wide)], dim=1)
         state = TokenState(
             h=h,
             positions=batch.positions,
@@ -532,10 +587,9 @@ class MMDiT(nn.Module):
             cond=cond,
         )
         dt = self.dispatcher.dispatch(state)
-        vec = self.time_in(timestep_embedding(dt.cond[:, 0], cfg.time_dim)) + self.vector_in(
-            dt.cond[:, 1:]
-        )
-        rope = rope_nd(dt.positions, cfg.axes_dim, cfg.rope_theta, dtype=h.dtype)
+        temb = timestep_embedding(dt.cond[:, 0], cfg.time_dim)
+        vec = self.time_in(temb.to(dtype)) + self.vector_in(dt.cond[:, 1:].to(dtype))
+        rope = rope_nd(dt.positions, cfg.axes_dim, cfg.rope_theta, dtype=wide)
         streams = Streams.from_kind(dt.kind, dt.seq_index)
         x = dt.h
         for block in self.double_blocks:

@@ -29,6 +29,7 @@ import numpy as np
 from knapformer.planning.cost import CostModel
 from knapformer.planning.layout import BagLayout
 from knapformer.planning.plan import Plan, plan_step
+from knapformer.planning.solvers.registry import DEFAULT_SOLVER
 from knapformer.sim.metrics import StepMetrics, plan_metrics, unbalanced_metrics
 
 __all__ = [
@@ -216,11 +217,11 @@ def simulate(
                 t0 = time.perf_counter()
                 layout = choose(step)
                 layout_ms[i] = (time.perf_counter() - t0) * 1e3
-                ours_plans.append(plan_step(step, layout, cost, solver="ours", **options))
+                ours_plans.append(plan_step(step, layout, cost, solver=DEFAULT_SOLVER, **options))
                 tick()
         else:
             assert fixed is not None
-            ours_plans = _run(steps, fixed, cost, "ours", options, tick)
+            ours_plans = _run(steps, fixed, cost, DEFAULT_SOLVER, options, tick)
 
     if "none" in strategies:
         assert ours_plans is not None

@@ -1,17 +1,18 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (DCP): model, optimiser, trainer state.
 
-Layout: ``DIR/step_00000012/`` holds the DCP shards of the (FSDP2-sharded) model and optimiser
-plus ``trainer.json`` (step, balancer state, data position, config, the cost model in use and
-the online refit's state), and ``DIR/latest`` names
-the newest complete step directory. ``latest`` is replaced atomically only after every rank has
-finished writing, so a crash mid-save leaves the previous checkpoint in charge.
+Layout: ``DIR/step_00000012/`` holds the DCP shards of the (FSDP2-sharded) model, optimiser and
+EMA (when the run keeps one, sharded like the parameters) plus ``trainer.json`` (step, balancer
+state, data position, config, the cost model in use, the online refit's state, whether there is
+an EMA), and ``DIR/latest`` names the newest complete step directory. ``latest`` is replaced
+atomically only after every rank has finished writing, so a crash mid-save leaves the previous
+checkpoint in charge.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -20,6 +21,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from appshell.atomic import atomic_open
 from appshell.inputs import InputFileError, load_json, read_text
+
+if TYPE_CHECKING:
+    from knapformer.train.ema import EMA
 
 __all__ = [
     "CheckpointError",
@@ -39,7 +43,12 @@ def _step_dir(root: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    root: str | Path, step: int, model: nn.Module, optim: Any, extra: dict[str, Any]
+    root: str | Path,
+    step: int,
+    model: nn.Module,
+    optim: Any,
+    extra: dict[str, Any],
+    ema: EMA | None = None,
 ) -> Path:
     """Collective: every rank writes its shards; rank 0 writes the trainer state and ``latest``."""
     root = Path(root)
@@ -48,7 +57,10 @@ def save_checkpoint(
         path.mkdir(parents=True, exist_ok=True)
     dist.barrier()
     msd, osd = get_state_dict(model, optim)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    state: dict[str, Any] = {"model": msd, "optim": osd}
+    if ema is not None:
+        state["ema"] = ema.state_dict()
+    dcp.save(state, checkpoint_id=str(path))
     dist.barrier()
     if dist.get_rank() == 0:
         with atomic_open(path / "trainer.json", "w") as f:
@@ -83,12 +95,19 @@ def read_trainer_state(root: str | Path) -> dict[str, Any]:
     return extra
 
 
-def load_checkpoint(root: str | Path, model: nn.Module, optim: Any) -> dict[str, Any]:
-    """Collective: restore model and optimiser in place; returns the trainer state."""
+def load_checkpoint(
+    root: str | Path, model: nn.Module, optim: Any, ema: EMA | None = None
+) -> dict[str, Any]:
+    """Collective: restore model, optimiser and (if the checkpoint has one) the EMA in place;
+    returns the trainer state. A checkpoint without an EMA leaves ``ema`` as it is."""
     path = latest_checkpoint(root)
     extra = read_trainer_state(root)
     msd, osd = get_state_dict(model, optim)
-    state = {"model": msd, "optim": osd}
+    state: dict[str, Any] = {"model": msd, "optim": osd}
+    if ema is not None and extra.get("ema"):
+        state["ema"] = ema.state_dict()  # DCP loads into these tensors in place
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if ema is not None and not extra.get("ema"):
+        ema.reset(model)  # start from the restored weights
     return extra

@@ -9,6 +9,7 @@ dotted keys with TOML values (``--set train.lr=3e-4``); the trainer's named flag
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,16 +53,25 @@ class DataConfig:
     seed: int = 0
 
 
+LR_SCHEDULES = ("constant", "cosine", "linear")
+MIXED_PRECISION = ("none", "bf16")
+
+
 @dataclass(frozen=True)
 class TrainLoopConfig:
     steps: int = 20
-    lr: float = 1e-3
+    lr: float = 1e-3  # the peak rate: reached after warm-up, then scheduled
     weight_decay: float = 0.0
     seed: int = 0
-    dtype: str = "float32"
+    dtype: str = "float32"  # of the parameters (with mixed_precision: the fp32 master weights)
     activation_checkpointing: bool = False
     threads: int = 1
     timeout_s: float = 600.0
+    lr_schedule: str = "constant"  # constant | cosine | linear (after the warm-up)
+    warmup_steps: int = 0  # linear warm-up from lr / warmup_steps to lr
+    grad_clip: float = 0.0  # clip the global gradient norm to this (0: off; logged either way)
+    ema_decay: float = 0.0  # EMA of the parameters, saved in checkpoints (0: off)
+    mixed_precision: str = "none"  # none | bf16 (FSDP2: bf16 compute, fp32 master + reduce)
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,7 @@ class BalanceConfig:
     balancer: str = "auto"  # none | auto | a bag spec such as g1n2+g2n1
     cost: str = "flops"  # flops | calibrate | path to a cost profile JSON
     gamma: float = 1.0
-    solver: str = "ours"
+    solver: str = "local-search"  # local-search (alias: ours) | reference | exact
     # online refit of the cost model from the measured per-rank times every K steps (0: off)
     refit_steps: int = 0
 
@@ -121,8 +131,37 @@ def _validate(cfg: TrainConfig) -> None:
     t, b, c, d = cfg.train, cfg.balance, cfg.checkpoint, cfg.data
     if t.steps < 1:
         raise ConfigError(f"config key 'train.steps': must be >= 1, got {t.steps}")
-    if t.lr <= 0 or t.weight_decay < 0:
-        raise ConfigError("config keys 'train.lr' must be > 0 and 'train.weight_decay' >= 0")
+    if not math.isfinite(t.lr) or t.lr <= 0:
+        raise ConfigError(f"config key 'train.lr': must be a finite number > 0, got {t.lr}")
+    if not math.isfinite(t.weight_decay) or t.weight_decay < 0:
+        raise ConfigError(
+            f"config key 'train.weight_decay': must be a finite number >= 0, got {t.weight_decay}"
+        )
+    if t.lr_schedule not in LR_SCHEDULES:
+        raise ConfigError(
+            f"config key 'train.lr_schedule': expected one of {', '.join(LR_SCHEDULES)}, "
+            f"got {t.lr_schedule!r}"
+        )
+    if t.warmup_steps < 0:
+        raise ConfigError(f"config key 'train.warmup_steps': must be >= 0, got {t.warmup_steps}")
+    if not math.isfinite(t.grad_clip) or t.grad_clip < 0:
+        raise ConfigError(
+            f"config key 'train.grad_clip': must be a finite number >= 0 (0: off), "
+            f"got {t.grad_clip}"
+        )
+    if not math.isfinite(t.ema_decay) or not 0.0 <= t.ema_decay < 1.0:
+        raise ConfigError(
+            f"config key 'train.ema_decay': must be in [0, 1) (0: off), got {t.ema_decay}"
+        )
+    if t.mixed_precision not in MIXED_PRECISION:
+        raise ConfigError(
+            f"config key 'train.mixed_precision': expected none or bf16, got {t.mixed_precision!r}"
+        )
+    if t.mixed_precision == "bf16" and t.dtype != "float32":
+        raise ConfigError(
+            "config key 'train.mixed_precision': bf16 keeps fp32 master weights, so it needs "
+            f'train.dtype = "float32", got {t.dtype!r}'
+        )
     if t.dtype not in ("float32", "float64", "bfloat16"):
         raise ConfigError(
             f"config key 'train.dtype': expected float32, float64 or bfloat16, got {t.dtype!r}"

@@ -281,7 +281,7 @@ def measure_bag_overhead(
     import torch.distributed as dist
 
     from knapformer.data.synthetic import SyntheticMixture
-    from knapformer.train.loop import ThreadClock, build_run, train_step
+    from knapformer.train.step import ThreadClock, build_run, train_step
 
     world = dist.get_world_size()
     mcfg = cfg.model_config()

@@ -55,12 +55,13 @@ def _rank_main(rank: int, world: int, cfg: TrainConfig, rdzv: str) -> None:
     import torch.distributed as dist
 
     from knapformer.train.loop import train
+    from knapformer.train.runtime import default_backend
 
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
     if use_cuda:  # pragma: no cover - CUDA only
         torch.cuda.set_device(rank)
     dist.init_process_group(
-        "nccl" if use_cuda else "gloo",
+        default_backend(use_cuda),  # "cpu:gloo,cuda:nccl" on CUDA: host-side agreement on gloo
         init_method=f"file://{rdzv}",
         rank=rank,
         world_size=world,

@@ -3,7 +3,10 @@
 Per step every rank: builds its batch (outside the timed region), plans with the balancer
 (``plan_step``: two integer all-gathers + the planner), runs forward + backward (timed: thread
 CPU time, and the wall time the thread was runnable, so blocked collective waits are excluded),
-steps AdamW, and gathers a few numbers so rank 0 can write one JSON record per step. The loss is
+clips the gradients by their global norm, steps AdamW at the scheduled rate (``lr_at``: a pure
+function of the step), updates the EMA, and gathers a few numbers so rank 0 can write one JSON
+record per step (``lr`` and the pre-clip ``grad_norm`` included); the step itself lives in
+:mod:`knapformer.train.step`, which the cost measurements share. The loss is
 the global mean over every visual token and channel, so balanced and unbalanced runs optimise
 the same objective and their losses agree to float tolerance.
 
@@ -14,10 +17,7 @@ calibration); with ``balance.refit_steps`` it is refitted online from the logged
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,53 +26,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from knapformer.data.synthetic import SyntheticMixture, TrainBatch
 from knapformer.planning.cost import CostModel
 from knapformer.train.config import TrainConfig, check_world
-from knapformer.train.refit import CostRefit, rank_features
+from knapformer.train.refit import CostRefit
+from knapformer.train.runtime import init_distributed, run_device
+from knapformer.train.step import DTYPES, ThreadClock, build_run, lr_at, mixture, train_step
 
 __all__ = ["ThreadClock", "build_cost", "build_run", "init_distributed", "train", "train_step"]
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-
-
-class ThreadClock:
-    """CPU time of this thread and the wall time it was runnable (on CPU or queued for one).
-
-    Blocking in a collective (gloo/NCCL waits sleep) is excluded from both; time lost to other
-    processes sharing the cores is in ``wall`` but not in ``cpu``. Linux ``schedstat``; elsewhere
-    wall falls back to the plain wall clock. On CUDA the step synchronises the device before
-    reading the clock, so ``wall`` then includes the device time (NCCL kernels included).
-    """
-
-    _PATH = "/proc/thread-self/schedstat"
-
-    def __init__(self) -> None:
-        self.has_schedstat = self._sched() is not None
-
-    def _sched(self) -> float | None:
-        try:
-            with open(self._PATH) as f:
-                run, wait, _ = f.read().split()
-            return (int(run) + int(wait)) * 1e-9
-        except (OSError, ValueError):
-            return None
-
-    def now(self) -> tuple[float, float]:
-        s = self._sched() if self.has_schedstat else None
-        return time.thread_time(), (s if s is not None else time.perf_counter())
-
-
-def mixture(cfg, mcfg, world: int) -> SyntheticMixture:
-    """The synthetic data the config asks for, for `world` ranks."""
-    return SyntheticMixture(
-        cfg.data.codes,
-        mcfg,
-        world,
-        text_tokens_max=cfg.data.text_tokens_max,
-        patch_px=cfg.data.patch_px,
-        seed=cfg.data.seed,
-    )
 
 
 def build_cost(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> tuple[CostModel, Any]:
@@ -94,7 +54,7 @@ def build_cost(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> tu
         lo = max(bags[-1], 16)
         lengths = np.unique(np.geomspace(lo, max(longest, 4 * lo), 10).astype(int)).tolist()
         costs = calibrate_blocks(
-            mcfg, lengths, bags, repeats=5, min_time_s=0.1, dtype=_DTYPES[cfg.train.dtype], log=log
+            mcfg, lengths, bags, repeats=5, min_time_s=0.1, dtype=DTYPES[cfg.train.dtype], log=log
         )
         payload[0] = (costs.total.to_dict(), costs.summary())
     dist.broadcast_object_list(payload, src=0)
@@ -102,144 +62,19 @@ def build_cost(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> tu
     return CostModel.from_dict(total), summary
 
 
-def init_distributed(timeout_s: float) -> None:
-    """From torchrun's environment (``env://``): NCCL when CUDA is present, else gloo."""
-    if dist.is_initialized():
-        return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":  # pragma: no cover - CUDA only
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-
-
-def build_run(
-    cfg: TrainConfig, cost: CostModel, mesh: Any, device: torch.device
-) -> tuple[torch.nn.Module, Any, torch.optim.Optimizer]:
-    """Model (seeded init), balancer (``cfg.balance.balancer``; None for ``none``), parallelized
-    over ``mesh``, and its optimiser. Collective (balancer construction, FSDP)."""
-    from knapformer.distributed.balancer import Balancer
-    from knapformer.distributed.parallelize import parallelize
-    from knapformer.models.mmdit import MMDiT
-
-    mcfg = cfg.model_config()
-    torch.manual_seed(cfg.train.seed)
-    model = MMDiT(mcfg).to(device=device, dtype=_DTYPES[cfg.train.dtype])
-    spec = cfg.balance.balancer.strip()
-    balancer = None
-    if spec.lower() != "none":
-        balancer = Balancer(
-            "auto" if spec.lower() == "auto" else spec,
-            cost,
-            num_heads=mcfg.num_heads,
-            solver=cfg.balance.solver,
-            group=mesh,
-        )
-    parallelize(model, mesh, balancer, activation_checkpointing=cfg.train.activation_checkpointing)
-    optim = torch.optim.AdamW(
-        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
-    )
-    return model, balancer, optim
-
-
-def train_step(
-    model: torch.nn.Module,
-    balancer: Any,
-    optim: torch.optim.Optimizer,
-    tb: TrainBatch,
-    step: int,
-    cost: CostModel,
-    clock: ThreadClock,
-    device: torch.device,
-) -> dict[str, Any]:
-    """One step on every rank (collective): plan, timed forward + backward, optimiser step.
-
-    Returns the step's record (the same on every rank): the global loss, per-rank compute
-    times and tokens, the layout and the modelled per-rank loads (``*_max_over_mean`` share the
-    unbalanced mean as denominator, as :class:`~knapformer.planning.plan.Plan` does).
-    """
-    world = dist.get_world_size()
-    batch, target = tb.batch.to(device), tb.target.to(device)
-    t_plan = time.perf_counter()
-    plan = balancer.plan_step(batch.seq_lens) if balancer is not None else None
-    plan_step_ms = (time.perf_counter() - t_plan) * 1e3
-    n_vis = torch.tensor([target.numel()], dtype=torch.float64, device=device)
-    dist.all_reduce(n_vis)
-    cpu0, wall0 = clock.now()
-    pred = model(batch)
-    sq = (pred.float() - target.float()).pow(2).sum()
-    (sq * (world / n_vis[0])).backward()  # FSDP averages: the sum over ranks is d(mean loss)
-    if device.type == "cuda":  # pragma: no cover - CUDA only; the device time belongs to the step
-        torch.cuda.synchronize(device)
-    cpu1, wall1 = clock.now()
-    optim.step()
-    optim.zero_grad(set_to_none=True)
-    tokens = balancer.tables.num_balanced_tokens if plan is not None else batch.num_tokens
-    # Modelled per-rank step times over the whole world: the planner's load plus the fixed costs
-    # a rank pays whatever it holds (``CostModel.rank_time``: f, and u for a rank of a g > 1 bag).
-    # A replicated layout's plan covers only this rank's replica (contiguous blocks of ranks).
-    before = cost.rank_time(float(np.sum(cost.t(np.asarray(batch.seq_lens, dtype=np.float64)))))
-    after = before
-    if plan is not None:
-        loads = np.asarray(plan.load_after, dtype=np.float64)
-        after = cost.rank_time(float(loads[balancer.rank % loads.size]), balancer.bag_size)
-    bag = balancer.bag_size if plan is not None else 1
-    if plan is not None:  # the basis of this rank's modelled time (for the online refit)
-        lay = plan.layout
-        mine = lay.bag_of_rank[balancer.rank % lay.world_size]
-        feats = rank_features(plan.lengths[plan.bag == mine], lay.bag_sizes[mine])
-    else:
-        feats = rank_features(np.asarray(batch.seq_lens), 1)
-    stats = torch.tensor(
-        [cpu1 - cpu0, wall1 - wall0, float(tokens), float(sq.detach()), before, after, bag]
-        + [float(x) for x in feats],
-        dtype=torch.float64,
-        device=device,
-    )
-    allstats = [torch.empty_like(stats) for _ in range(world)]
-    dist.all_gather(allstats, stats)
-    st = torch.stack(allstats).cpu().numpy()
-    load_before, load_after = st[:, 4], st[:, 5]
-    mean = float(load_before.mean()) or 1.0
-    extra: dict[str, Any] = {}
-    if plan is not None:
-        extra = {
-            "modelled_speedup": float(load_before.max() / load_after.max()),
-            "modelled_makespan": float(load_after.max()),
-            "modelled_unbalanced_makespan": float(load_before.max()),
-            "lower_bound_over_mean": float(plan.lower_bound_over_mean),  # this rank's replica
-            "tokens_moved_fraction": float(plan.tokens_moved_fraction),
-        }
-    return {
-        "step": step,
-        "loss": float(st[:, 3].sum() / float(n_vis[0])),
-        "rank_compute_cpu_s": st[:, 0].tolist(),
-        "rank_compute_wall_s": st[:, 1].tolist(),
-        "rank_tokens": [int(x) for x in st[:, 2]],
-        "layout": balancer.layout_spec if balancer is not None else "none",
-        "plan_ms": float(plan.plan_ms) if plan is not None else 0.0,
-        "plan_step_ms": plan_step_ms,
-        "modelled_max_over_mean": float(load_after.max()) / mean,
-        "modelled_unbalanced_max_over_mean": float(load_before.max()) / mean,
-        "rank_modelled_load": load_after.tolist(),
-        "rank_bag_size": [int(x) for x in st[:, 6]],
-        "rank_cost_features": st[:, 7:].tolist(),  # [rank][a, b, c, e, f, u] basis
-        **extra,
-    }
-
-
 def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]]:
     """Run (or resume) training on the initialised process group; rank 0 returns the records."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from knapformer.train.checkpoint import load_checkpoint, read_trainer_state, save_checkpoint
+    from knapformer.train.ema import EMA
 
     init_distributed(cfg.train.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     check_world(cfg, world)
     torch.set_num_threads(cfg.train.threads)
-    cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    dtype = _DTYPES[cfg.train.dtype]
+    device = run_device()
+    dtype = DTYPES[cfg.train.dtype]
     mcfg = cfg.model_config()
     data = mixture(cfg, mcfg, world)
     say = print if rank == 0 else (lambda *_a, **_k: None)
@@ -269,11 +104,14 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
             refit.load_state_dict(saved["cost_refit"])
         cost = refit.current or cost
     model, balancer, optim = build_run(cfg, cost, mesh, device)
+    ema = EMA(model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
 
     start = 0
     if cfg.checkpoint.resume:
-        extra = load_checkpoint(cfg.checkpoint.dir, model, optim)
+        extra = load_checkpoint(cfg.checkpoint.dir, model, optim, ema)
         start = int(extra["step"])
+        if ema is not None and not extra.get("ema"):
+            say("resume: the checkpoint has no EMA; the EMA starts from its weights")
         if balancer is not None and extra.get("balancer") is not None:
             balancer.load_state_dict(extra["balancer"])
         if extra.get("data", {}).get("seed", cfg.data.seed) != cfg.data.seed:
@@ -290,7 +128,19 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
         with _progress(show, cfg.train.steps, start) as advance:
             for step in range(start + 1, cfg.train.steps + 1):
                 tb = data.batch(step, rank, dtype=dtype)
-                rec = train_step(model, balancer, optim, tb, step, cost, clock, device)
+                rec = train_step(
+                    model,
+                    balancer,
+                    optim,
+                    tb,
+                    step,
+                    cost,
+                    clock,
+                    device,
+                    lr=lr_at(step, cfg.train),
+                    grad_clip=cfg.train.grad_clip,
+                    ema=ema,
+                )
                 if refit is not None:
                     refit.observe(rec)  # (the record is the same on every rank)
                     if refit.due(step):
@@ -315,7 +165,9 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
                             "config": cfg.to_dict(),
                             "cost": cost.to_dict(),
                             "cost_refit": refit.state_dict() if refit is not None else None,
+                            "ema": ema is not None,
                         },
+                        ema=ema,
                     )
     finally:
         if log_f is not None:
