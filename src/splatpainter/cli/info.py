@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from appshell.cli import JsonFlag, print_json
+from appshell.cli import JsonFlag, note, print_json
 from splatpainter.cli.app import app
 from splatpainter.cli.options import read_asset
 
@@ -57,17 +57,28 @@ def _fmt_stats(s: dict[str, float]) -> str:
 
 @app.command()
 def info(
-    asset_path: Path = typer.Argument(..., metavar="ASSET", help=".ply or .splat file"),
+    asset_path: Path = typer.Argument(..., metavar="ASSET", help=".ply, .splat or .spz file"),
     as_json: JsonFlag = False,
 ) -> None:
-    """Print Gaussian count, SH degree, bounds and attribute statistics of an asset."""
+    """Print format, Gaussian count, SH degree, bounds and attribute statistics of an asset."""
+    from splatpainter.io import describe_format
 
-    summary = {"path": str(asset_path), **asset_summary(read_asset(asset_path))}
+    notes: list[str] = []
+    asset = read_asset(asset_path, notes=notes)
+    summary = {
+        "path": str(asset_path),
+        "format": describe_format(asset_path),
+        **asset_summary(asset),
+        "notes": notes,
+    }
+    for line in notes:
+        note(f"note: {line}")
     if as_json:
         print_json(summary)
         return
     lines = [
         f"file          {summary['path']}",
+        f"format        {summary['format']}",
         f"gaussians     {summary['num_gaussians']}",
         f"sh degree     {summary['sh_degree']}",
         f"features      {summary['feature_dim'] or 'none'}",

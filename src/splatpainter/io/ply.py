@@ -1,5 +1,10 @@
 """INRIA 3DGS ``.ply`` read/write (SH degree 0-3, ASCII and binary of either endianness).
 
+PlayCanvas compressed PLY files (an ``element chunk`` and packed vertex words) are recognised
+from the header and decoded by `splatpainter.io.compressed_ply`. Opacity logits of +-inf
+(opacity exactly 1 or 0, as tools write them after decoding 8-bit alphas) load clamped to
++-OPACITY_LOGIT_LIMIT with one note; NaN anywhere is refused.
+
 Vertex properties understood: ``x y z``, ``nx ny nz`` (unused by 3DGS; kept as extras),
 ``f_dc_0..2``, ``f_rest_*`` (channel-major: all R coefficients, then G, then B), ``opacity``,
 ``scale_0..2``, ``rot_0..3`` (w, x, y, z) and ``feat_*`` (our per-Gaussian feature vectors).
@@ -20,8 +25,9 @@ import torch
 from appshell.atomic import atomic_write_bytes
 from appshell.inputs import InputFileError, read_bytes
 from splatpainter.assets.gaussians import GaussianAsset
+from splatpainter.io.compressed_ply import decode_compressed_ply, is_compressed_ply
 from splatpainter.io.errors import AssetFormatError
-from splatpainter.io.validate import check_asset_values
+from splatpainter.io.validate import check_asset_values, clamp_infinite_opacity
 
 _PLY_TYPES = {
     "char": "i1",
@@ -266,24 +272,34 @@ def _check_finite(arr: np.ndarray, names: list[str], source: str) -> None:
 
 
 def read_ply_with_extras(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str], *, notes: list[str] | None = None
 ) -> tuple[GaussianAsset, dict[str, np.ndarray]]:
     """Load an INRIA 3DGS .ply; also return the vertex properties it does not interpret.
 
-    Raises AssetFormatError for anything malformed (never returns garbage).
+    Raises AssetFormatError for anything malformed (never returns garbage); what it changed
+    (clamped infinite opacities) goes to ``notes`` (a warning when notes is None).
     """
     source = str(path)
     try:
         data = read_bytes(path, max_bytes=MAX_ASSET_BYTES, what="PLY file")
     except InputFileError as e:
         raise AssetFormatError(str(e)) from None
-    return ply_from_bytes(data, source)
+    return ply_from_bytes(data, source, notes=notes)
+
+
+def ply_kind(data: bytes, source: str = "<bytes>") -> str:
+    """'ply (INRIA)' or 'ply (PlayCanvas compressed)', from the header alone."""
+    compressed = is_compressed_ply(_parse_header(data, source))
+    return "ply (PlayCanvas compressed)" if compressed else "ply (INRIA)"
 
 
 def ply_from_bytes(
-    data: bytes, source: str = "<bytes>"
+    data: bytes, source: str = "<bytes>", *, notes: list[str] | None = None
 ) -> tuple[GaussianAsset, dict[str, np.ndarray]]:
+    """Decode PLY bytes (INRIA or PlayCanvas compressed; the latter has no extras)."""
     header = _parse_header(data, source)
+    if is_compressed_ply(header):
+        return decode_compressed_ply(data, header, source), {}
     declared = [p for e in header.elements if e.name == "vertex" for p, _ in e.props]
     missing = [n for n in _REQUIRED if n not in declared]
     if declared and missing:  # named before any size check: the clearer message
@@ -303,12 +319,14 @@ def ply_from_bytes(
     n = len(table)
     core_names = ["x", "y", "z", *_DC, *rest, "opacity", *_SCALE, *_ROT]
     core = _columns(table, core_names)
+    o = 6 + len(rest)
+    if np.isinf(core[:, o]).any():  # core is a copy (a gather), never the file's bytes
+        core[:, o] = clamp_infinite_opacity(core[:, o], source, notes)
     _check_finite(core, core_names, source)
     k = len(rest) // 3 + 1
     means = core[:, 0:3]
     dc = core[:, 3:6]
     rest_arr = core[:, 6 : 6 + len(rest)].reshape(n, 3, k - 1).transpose(0, 2, 1)
-    o = 6 + len(rest)
     opacity = core[:, o]
     scales = core[:, o + 1 : o + 4]
     rots = core[:, o + 4 : o + 8]
@@ -337,9 +355,9 @@ def ply_from_bytes(
     return asset, extras
 
 
-def read_ply(path: str | os.PathLike[str]) -> GaussianAsset:
-    """Load an INRIA 3DGS .ply as a float32 GaussianAsset on the CPU."""
-    return read_ply_with_extras(path)[0]
+def read_ply(path: str | os.PathLike[str], *, notes: list[str] | None = None) -> GaussianAsset:
+    """Load an INRIA 3DGS (or PlayCanvas compressed) .ply as a float32 CPU GaussianAsset."""
+    return read_ply_with_extras(path, notes=notes)[0]
 
 
 def _vertex_columns(

@@ -9,16 +9,21 @@ renders, and a file we write loads back.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from splatpainter.assets.gaussians import AssetError, GaussianAsset
-from splatpainter.io.errors import AssetFormatError
+from splatpainter.io.errors import AssetFormatError, add_note
 
 # Squares (distances, covariances) of these must stay finite and non-zero in float32.
 MAX_ABS_POSITION = 1e15
 MAX_ABS_LOG_SCALE = 40.0
 MAX_ABS_SH = 1e15
 MIN_QUAT_NORM = 1e-12
+# Opacity logits of +-inf (opacity exactly 1 or 0, as tools write after decoding 8-bit alphas)
+# load as +-20: float32 sigmoid(20) is exactly 1.0, and sigmoid(-20) ~ 2e-9 is below the
+# renderer's 1/255 alpha cut, so the clamped Gaussian renders exactly as the infinite one would.
+OPACITY_LOGIT_LIMIT = 20.0
 
 
 def _first_bad(bad: torch.Tensor) -> int | None:
@@ -62,9 +67,32 @@ def check_asset_values(asset: GaussianAsset, source: str = "asset") -> GaussianA
     return asset
 
 
+def clamp_infinite_opacity(
+    logits: np.ndarray, source: str, notes: list[str] | None = None
+) -> np.ndarray:
+    """Logits with +-inf replaced by +-OPACITY_LOGIT_LIMIT, and one note saying how many.
+
+    NaN is left in place for the caller's finiteness check to refuse.
+    """
+    inf = np.isinf(logits)
+    if not inf.any():
+        return logits
+    n_pos = int((logits[inf] > 0).sum())
+    n_neg = int(inf.sum()) - n_pos
+    out = np.where(inf, np.sign(logits) * OPACITY_LOGIT_LIMIT, logits).astype(logits.dtype)
+    add_note(
+        notes,
+        f"{source}: {n_pos} opacity logit(s) of +inf loaded as opacity 1 and {n_neg} of -inf "
+        f"as opacity 0 (logit clamped to +-{OPACITY_LOGIT_LIMIT:g})",
+    )
+    return out
+
+
 __all__ = [
     "MAX_ABS_LOG_SCALE",
     "MAX_ABS_POSITION",
     "MAX_ABS_SH",
+    "OPACITY_LOGIT_LIMIT",
     "check_asset_values",
+    "clamp_infinite_opacity",
 ]
