@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from appshell.tables import check_limits, limited
 from knapformer.attention.varlen import flash_attn_available, varlen_attention
 from knapformer.models.rope import apply_rope, rope_nd
 
@@ -71,17 +72,19 @@ class MMDiTInputError(ValueError):
 class MMDiTConfig:
     """Model shape. ``patch_dim`` = latent channels x patch^2 (FLUX: 16 x 2 x 2 = 64)."""
 
-    d_model: int = 3072
-    num_heads: int = 24
-    depth_double: int = 19
-    depth_single: int = 38
-    mlp_ratio: float = 4.0
-    patch_dim: int = 64
-    text_dim: int = 4096
-    pooled_dim: int = 768
+    # Ranges (appshell.tables.limited): real sizes, with stated upper limits so that no
+    # shape can overflow or allocate absurdly before the memory estimate sees it.
+    d_model: int = limited(3072, ge=1, le=1 << 16)
+    num_heads: int = limited(24, ge=1, le=1024)
+    depth_double: int = limited(19, ge=0, le=1024)
+    depth_single: int = limited(38, ge=0, le=1024)
+    mlp_ratio: float = limited(4.0, gt=0, le=64)
+    patch_dim: int = limited(64, ge=1, le=1 << 16)
+    text_dim: int = limited(4096, ge=1, le=1 << 16)
+    pooled_dim: int = limited(768, ge=1, le=1 << 16)
     axes_dim: tuple[int, ...] = (16, 56, 56)
-    rope_theta: float = 10000.0
-    time_dim: int = 256
+    rope_theta: float = limited(10000.0, gt=0)
+    time_dim: int = limited(256, ge=2, le=1 << 16)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -89,11 +92,12 @@ class MMDiTConfig:
             if f.name == "axes_dim":
                 object.__setattr__(self, "axes_dim", tuple(int(x) for x in v))
             elif f.name in ("mlp_ratio", "rope_theta"):
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
                     raise MMDiTInputError(f"model.{f.name} must be a positive number, got {v!r}")
             elif not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise MMDiTInputError(f"model.{f.name} must be a non-negative integer, got {v!r}")
-        if self.d_model % self.num_heads or self.num_heads < 1:
+        check_limits(self, "model", MMDiTInputError)  # before num_heads divides anything
+        if self.d_model % self.num_heads:
             raise MMDiTInputError(
                 f"model.d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
             )
@@ -105,8 +109,10 @@ class MMDiTConfig:
             raise MMDiTInputError(
                 f"model.axes_dim must be 3 even sizes (t, h, w), got {list(self.axes_dim)}"
             )
-        if min(self.d_model, self.patch_dim, self.text_dim, self.pooled_dim, self.time_dim) < 1:
-            raise MMDiTInputError("model dimensions must be >= 1")
+        if self.mlp_hidden < 1:
+            raise MMDiTInputError(
+                f"model.mlp_ratio {self.mlp_ratio} leaves no MLP width at d_model={self.d_model}"
+            )
 
     @property
     def head_dim(self) -> int:

@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-dir")
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace checkpoints in the dir")
     p.add_argument("--data-codes")
     p.add_argument("--cost", help="flops | calibrate | PROFILE.json")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint_dir=a.checkpoint_dir,
                 checkpoint_every=a.checkpoint_every,
                 resume=a.resume,
+                overwrite=a.overwrite,
                 data_codes=a.data_codes,
                 cost=a.cost,
                 sets=a.set,
@@ -44,13 +46,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from knapformer.train.loop import train
-
-    train(cfg)
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    from appshell.cli import is_expected, one_line
+    from knapformer.train.loop import train
+
+    try:
+        train(cfg)
+    except Exception as exc:  # bad input or a damaged checkpoint: one line, not a traceback
+        if not is_expected(exc):
+            raise
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 1 if isinstance(exc, OSError) else 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 

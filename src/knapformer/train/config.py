@@ -1,7 +1,9 @@
 """Typed trainer configuration: TOML files in the repo plus command-line overrides.
 
-Pure: a dict (from TOML) in, frozen dataclasses out, every unknown key or wrong type rejected with
-one line naming it (``train.lr: expected a number, got 'fast'``). Overrides use
+Pure: a dict (from TOML) in, frozen dataclasses out, every unknown key, wrong type or value
+outside its field's stated range (``limited``: NaN and infinities never pass) rejected with one
+line naming it (``train.lr: expected a number, got 'fast'``, ``config key 'train.lr': must be a
+finite number > 0, got inf``). Overrides use
 dotted keys with TOML values (``--set train.lr=3e-4``); the trainer's named flags (``--steps``,
 ``--balancer``, ...) are sugar for the same overrides.
 """
@@ -9,7 +11,7 @@ dotted keys with TOML values (``--set train.lr=3e-4``); the trainer's named flag
 from __future__ import annotations
 
 import dataclasses
-import math
+import fnmatch
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +23,15 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from appshell.inputs import InputFileError, read_text
-from appshell.tables import dataclass_from_table
+from appshell.tables import dataclass_from_table, limited
 from knapformer.models.mmdit import MMDiTConfig, MMDiTInputError, mmdit_config
 from knapformer.planning.layout import BagLayout, LayoutError
 from knapformer.sim.datacodes import DataCodeError, parse_data_codes
 
 __all__ = [
+    "MAX_RANK_SEQUENCES",
+    "MAX_RANK_TOKENS",
+    "RESUMABLE_KEYS",
     "BalanceConfig",
     "CheckpointConfig",
     "ConfigError",
@@ -36,6 +41,7 @@ __all__ = [
     "TrainLoopConfig",
     "apply_overrides",
     "check_world",
+    "config_changes",
     "load_config",
     "parse_override",
 ]
@@ -45,12 +51,20 @@ class ConfigError(ValueError):
     """A config file or override that cannot be used, naming the key."""
 
 
+#: Stated limits of the synthetic data, checked before anything is built: tokens and
+#: sequences one rank may hold in a step (the planner, the batch and the activations scale
+#: with them; a real mixture is far below: 2^15-2^16 tokens per GPU).
+MAX_RANK_TOKENS = 1 << 22
+MAX_RANK_SEQUENCES = 1 << 16
+MAX_SEED = (1 << 63) - 1
+
+
 @dataclass(frozen=True)
 class DataConfig:
     codes: str = "g1b3i128f1s0,g1b1i128f68s1"
-    text_tokens_max: int = 32
-    patch_px: int = 16
-    seed: int = 0
+    text_tokens_max: int = limited(32, ge=0, le=1 << 20)
+    patch_px: int = limited(16, ge=1, le=1 << 16)
+    seed: int = limited(0, ge=0, le=MAX_SEED)  # numpy's SeedSequence takes no negative seed
 
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -59,18 +73,18 @@ MIXED_PRECISION = ("none", "bf16")
 
 @dataclass(frozen=True)
 class TrainLoopConfig:
-    steps: int = 20
-    lr: float = 1e-3  # the peak rate: reached after warm-up, then scheduled
-    weight_decay: float = 0.0
-    seed: int = 0
+    steps: int = limited(20, ge=1, le=1 << 40)
+    lr: float = limited(1e-3, gt=0)  # the peak rate: reached after warm-up, then scheduled
+    weight_decay: float = limited(0.0, ge=0)
+    seed: int = limited(0, ge=0, le=MAX_SEED)
     dtype: str = "float32"  # of the parameters (with mixed_precision: the fp32 master weights)
     activation_checkpointing: bool = False
-    threads: int = 1
-    timeout_s: float = 600.0
+    threads: int = limited(1, ge=1, le=1024)
+    timeout_s: float = limited(600.0, gt=0, le=7 * 86400.0)
     lr_schedule: str = "constant"  # constant | cosine | linear (after the warm-up)
-    warmup_steps: int = 0  # linear warm-up from lr / warmup_steps to lr
-    grad_clip: float = 0.0  # clip the global gradient norm to this (0: off; logged either way)
-    ema_decay: float = 0.0  # EMA of the parameters, saved in checkpoints (0: off)
+    warmup_steps: int = limited(0, ge=0)  # linear warm-up from lr / warmup_steps to lr
+    grad_clip: float = limited(0.0, ge=0)  # clip the global gradient norm (0: off; logged)
+    ema_decay: float = limited(0.0, ge=0, lt=1)  # EMA of the parameters, in checkpoints (0: off)
     mixed_precision: str = "none"  # none | bf16 (FSDP2: bf16 compute, fp32 master + reduce)
 
 
@@ -78,10 +92,10 @@ class TrainLoopConfig:
 class BalanceConfig:
     balancer: str = "auto"  # none | auto | a bag spec such as g1n2+g2n1
     cost: str = "flops"  # flops | calibrate | path to a cost profile JSON
-    gamma: float = 1.0
+    gamma: float = limited(1.0, ge=0)
     solver: str = "local-search"  # local-search (alias: ours) | reference | exact
     # online refit of the cost model from the measured per-rank times every K steps (0: off)
-    refit_steps: int = 0
+    refit_steps: int = limited(0, ge=0)
 
 
 @dataclass(frozen=True)
@@ -93,8 +107,22 @@ class LogConfig:
 @dataclass(frozen=True)
 class CheckpointConfig:
     dir: str = ""
-    every: int = 0
+    every: int = limited(0, ge=0)
     resume: bool = False
+    overwrite: bool = False  # a fresh run may replace the checkpoints already in dir
+
+
+#: Keys a resumed run may change (shell patterns): how long it runs, how it logs and
+#: checkpoints, how long collectives wait, and the cost model it would build (a resumed run
+#: plans with the checkpoint's). Any other difference is refused (see `config_changes`).
+RESUMABLE_KEYS = (
+    "train.steps",
+    "train.threads",
+    "train.timeout_s",
+    "log.*",
+    "checkpoint.*",
+    "balance.cost",
+)
 
 
 @dataclass(frozen=True)
@@ -128,30 +156,13 @@ _SECTIONS = {
 
 
 def _validate(cfg: TrainConfig) -> None:
-    t, b, c, d = cfg.train, cfg.balance, cfg.checkpoint, cfg.data
-    if t.steps < 1:
-        raise ConfigError(f"config key 'train.steps': must be >= 1, got {t.steps}")
-    if not math.isfinite(t.lr) or t.lr <= 0:
-        raise ConfigError(f"config key 'train.lr': must be a finite number > 0, got {t.lr}")
-    if not math.isfinite(t.weight_decay) or t.weight_decay < 0:
-        raise ConfigError(
-            f"config key 'train.weight_decay': must be a finite number >= 0, got {t.weight_decay}"
-        )
+    """What the per-field ranges (`limited`, checked while the sections are read) cannot say:
+    choices, keys that depend on each other, the data codes and the model."""
+    t, c, d = cfg.train, cfg.checkpoint, cfg.data
     if t.lr_schedule not in LR_SCHEDULES:
         raise ConfigError(
             f"config key 'train.lr_schedule': expected one of {', '.join(LR_SCHEDULES)}, "
             f"got {t.lr_schedule!r}"
-        )
-    if t.warmup_steps < 0:
-        raise ConfigError(f"config key 'train.warmup_steps': must be >= 0, got {t.warmup_steps}")
-    if not math.isfinite(t.grad_clip) or t.grad_clip < 0:
-        raise ConfigError(
-            f"config key 'train.grad_clip': must be a finite number >= 0 (0: off), "
-            f"got {t.grad_clip}"
-        )
-    if not math.isfinite(t.ema_decay) or not 0.0 <= t.ema_decay < 1.0:
-        raise ConfigError(
-            f"config key 'train.ema_decay': must be in [0, 1) (0: off), got {t.ema_decay}"
         )
     if t.mixed_precision not in MIXED_PRECISION:
         raise ConfigError(
@@ -166,23 +177,43 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"config key 'train.dtype': expected float32, float64 or bfloat16, got {t.dtype!r}"
         )
-    if t.threads < 1 or t.timeout_s <= 0:
-        raise ConfigError("config keys 'train.threads' must be >= 1 and 'train.timeout_s' > 0")
-    if c.every < 0:
-        raise ConfigError(f"config key 'checkpoint.every': must be >= 0, got {c.every}")
     if (c.every or c.resume) and not c.dir:
         raise ConfigError("checkpointing or --resume needs checkpoint.dir (--checkpoint-dir)")
-    if b.gamma < 0:
-        raise ConfigError(f"config key 'balance.gamma': must be >= 0, got {b.gamma}")
-    if b.refit_steps < 0:
-        raise ConfigError(f"config key 'balance.refit_steps': must be >= 0, got {b.refit_steps}")
-    if d.text_tokens_max < 0 or d.patch_px < 1:
-        raise ConfigError("config keys 'data.text_tokens_max' >= 0 and 'data.patch_px' >= 1")
+    if c.resume and c.overwrite:
+        raise ConfigError(
+            "--resume continues the checkpoints in checkpoint.dir and --overwrite replaces "
+            "them: pass one of the two"
+        )
     try:
-        parse_data_codes(d.codes)
+        mixture = parse_data_codes(d.codes)
     except DataCodeError as exc:
         raise ConfigError(f"config key 'data.codes': {exc}") from None
+    _check_data_size(mixture.codes, d)
     cfg.model_config()
+
+
+def rank_tokens_bound(code: Any, data: DataConfig) -> int:
+    """The most tokens a rank of ``code`` can hold in one step (widest jitter, longest text):
+    integer arithmetic, so a huge code costs nothing to check."""
+    from knapformer.data.synthetic import sample_grid
+
+    t, h, w = sample_grid(code, data.patch_px, 1.04)
+    return code.batch * (t * h * w + data.text_tokens_max)
+
+
+def _check_data_size(codes: Any, data: DataConfig) -> None:
+    for code in codes:
+        if code.batch > MAX_RANK_SEQUENCES:
+            raise ConfigError(
+                f"config key 'data.codes': {code.code!r} gives a rank {code.batch:,} sequences "
+                f"per step; the limit is {MAX_RANK_SEQUENCES:,}"
+            )
+        tokens = rank_tokens_bound(code, data)
+        if tokens > MAX_RANK_TOKENS:
+            raise ConfigError(
+                f"config key 'data.codes': {code.code!r} gives a rank up to {tokens:,} tokens "
+                f"per step; the limit is {MAX_RANK_TOKENS:,}"
+            )
 
 
 def build_config(raw: dict[str, Any]) -> TrainConfig:
@@ -199,7 +230,9 @@ def build_config(raw: dict[str, Any]) -> TrainConfig:
         raise ConfigError(f"config section 'model' must be a table, got {model!r}")
     kwargs: dict[str, Any] = {"model": dict(model)}
     for name, cls in _SECTIONS.items():
-        kwargs[name] = dataclass_from_table(cls, raw.get(name, {}), name, ConfigError)
+        kwargs[name] = dataclass_from_table(
+            cls, raw.get(name, {}), name, ConfigError, label="config key '{key}'"
+        )
     cfg = TrainConfig(**kwargs)
     _validate(cfg)
     return cfg
@@ -271,3 +304,28 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
         raise ConfigError(
             f"balance.balancer {spec!r} does not fit {world_size} ranks: {exc}"
         ) from None
+
+
+def _flat(cfg: TrainConfig) -> dict[str, Any]:
+    """Dotted key -> value; the model as its resolved fields (a preset and the same explicit
+    fields are the same model)."""
+    out: dict[str, Any] = {}
+    for section in _SECTIONS:
+        for k, v in dataclasses.asdict(getattr(cfg, section)).items():
+            out[f"{section}.{k}"] = v
+    for k, v in cfg.model_config().to_dict().items():
+        out[f"model.{k}"] = v
+    return out
+
+
+def config_changes(saved: TrainConfig, now: TrainConfig) -> list[str]:
+    """The keys (``section.key``) whose values differ between a checkpoint's config and the
+    one asked for, outside `RESUMABLE_KEYS`, each as ``key (checkpoint X, now Y)``."""
+    a, b = _flat(saved), _flat(now)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if any(fnmatch.fnmatchcase(key, pat) for pat in RESUMABLE_KEYS):
+            continue
+        if a.get(key) != b.get(key):
+            out.append(f"{key} (checkpoint {a.get(key)!r}, now {b.get(key)!r})")
+    return out

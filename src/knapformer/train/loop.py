@@ -13,11 +13,19 @@ the same objective and their losses agree to float tolerance.
 The cost model in use goes into every checkpoint and a resumed run plans with it (no new
 calibration); with ``balance.refit_steps`` it is refitted online from the logged per-rank times
 (:mod:`knapformer.train.refit`; rank 0 fits, every rank gets the same model by broadcast).
+
+Refused before anything is built: a fresh run into a directory holding checkpoints (unless
+``checkpoint.overwrite``), a resume whose config differs from the checkpoint's, a config whose
+memory estimate exceeds the machine's. A resumed run cuts its JSONL log back to the checkpoint's
+step, so steps after it are not logged twice; a non-finite loss stops the run
+(:class:`DivergedError`, naming the step) instead of training on NaN weights.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +40,42 @@ from knapformer.train.refit import CostRefit
 from knapformer.train.runtime import init_distributed, run_device
 from knapformer.train.step import DTYPES, ThreadClock, build_run, lr_at, mixture, train_step
 
-__all__ = ["ThreadClock", "build_cost", "build_run", "init_distributed", "train", "train_step"]
+__all__ = [
+    "DivergedError",
+    "ThreadClock",
+    "build_cost",
+    "build_run",
+    "init_distributed",
+    "train",
+    "train_step",
+    "truncate_log",
+]
+
+
+class DivergedError(ValueError):
+    """The loss stopped being finite: the run cannot continue (and must not exit 0)."""
+
+
+def truncate_log(path: str | Path, step: int) -> int:
+    """Keep the JSONL records of steps <= ``step`` (a resumed run logs the later ones again),
+    dropping a torn last line; atomic, so a kill leaves the old log or the cut one. Returns
+    the records kept."""
+    from appshell.atomic import atomic_write_text
+
+    p = Path(path)
+    if not p.is_file():
+        return 0
+    kept = []
+    with open(p, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
+                kept.append(json.dumps(rec) + "\n")
+    atomic_write_text(p, "".join(kept))
+    return len(kept)
 
 
 def build_cost(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> tuple[CostModel, Any]:
@@ -66,12 +109,26 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
     """Run (or resume) training on the initialised process group; rank 0 returns the records."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from knapformer.train.checkpoint import load_checkpoint, read_trainer_state, save_checkpoint
+    from knapformer.train.budget import check_memory
+    from knapformer.train.checkpoint import (
+        check_fresh_dir,
+        check_resume,
+        load_checkpoint,
+        read_trainer_state,
+        save_checkpoint,
+    )
     from knapformer.train.ema import EMA
 
     init_distributed(cfg.train.timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     check_world(cfg, world)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
+    check_memory(cfg, world, local, cuda=run_device().type == "cuda")
+    saved = read_trainer_state(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    if saved is not None:
+        check_resume(cfg, saved)
+    elif cfg.checkpoint.dir:
+        check_fresh_dir(cfg.checkpoint.dir, cfg.checkpoint.overwrite)
     torch.set_num_threads(cfg.train.threads)
     device = run_device()
     dtype = DTYPES[cfg.train.dtype]
@@ -80,7 +137,6 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
     say = print if rank == 0 else (lambda *_a, **_k: None)
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
     balanced = cfg.balance.balancer.strip().lower() != "none"
-    saved = read_trainer_state(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     if saved is not None and saved.get("cost") is not None:
         # The model the run planned with (calibrated, measured, refitted): a new calibration
         # would time differently and could change the plans, and with them the rounding.
@@ -114,12 +170,12 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
             say("resume: the checkpoint has no EMA; the EMA starts from its weights")
         if balancer is not None and extra.get("balancer") is not None:
             balancer.load_state_dict(extra["balancer"])
-        if extra.get("data", {}).get("seed", cfg.data.seed) != cfg.data.seed:
-            raise ValueError("--resume: the checkpoint was written with another data.seed")
 
     log_f = None
     if rank == 0 and cfg.log.path:
         Path(cfg.log.path).parent.mkdir(parents=True, exist_ok=True)
+        if cfg.checkpoint.resume:
+            truncate_log(cfg.log.path, start)
         log_f = open(cfg.log.path, "a" if cfg.checkpoint.resume else "w")  # noqa: SIM115
     show = (cfg.log.progress if progress is None else progress) and rank == 0
     records: list[dict[str, Any]] = []
@@ -152,6 +208,11 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
                         log_f.write(json.dumps(rec) + "\n")
                         log_f.flush()
                 advance(rec["loss"])
+                if not math.isfinite(rec["loss"]):  # the same on every rank: all stop here
+                    raise DivergedError(
+                        f"step {step}: the loss is {rec['loss']} (training diverged); lower "
+                        "train.lr or set train.grad_clip"
+                    )
                 every = cfg.checkpoint.every
                 if every and (step % every == 0 or step == cfg.train.steps):
                     save_checkpoint(
