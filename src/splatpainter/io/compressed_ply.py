@@ -27,11 +27,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from splatpainter.assets.gaussians import SH_C0, GaussianAsset
 from splatpainter.io.errors import AssetFormatError
-from splatpainter.io.validate import OPACITY_LOGIT_LIMIT, check_asset_values
+from splatpainter.io.validate import (
+    OPACITY_LOGIT_LIMIT,
+    asset_from_arrays,
+)
 
 if TYPE_CHECKING:
     from splatpainter.io.ply import _Header
@@ -190,17 +192,7 @@ def decode_compressed_ply(data: bytes, header: _Header, source: str) -> Gaussian
         raw = np.ascontiguousarray(sh_table).view(np.uint8).reshape(n, rest)[:, order]
         sh[:, 1:] = _SH_LUT[raw].reshape(n, 3, rest // 3).transpose(0, 2, 1)
 
-    def f32(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-
-    asset = GaussianAsset(
-        means=f32(means),
-        quats=f32(quats),
-        log_scales=f32(log_scales),
-        opacity_logits=f32(logits),
-        sh=f32(sh),
-    )
-    return check_asset_values(asset, source)
+    return asset_from_arrays(means, quats, log_scales, logits, sh, source)
 
 
 __all__ = ["CHUNK_SIZE", "decode_compressed_ply", "is_compressed_ply"]

@@ -45,7 +45,11 @@ from appshell.atomic import atomic_write_bytes
 from appshell.inputs import InputFileError, read_bytes
 from splatpainter.assets.gaussians import GaussianAsset
 from splatpainter.io.errors import AssetFormatError, add_note
-from splatpainter.io.validate import OPACITY_LOGIT_LIMIT, check_asset_values
+from splatpainter.io.validate import (
+    OPACITY_LOGIT_LIMIT,
+    asset_from_arrays,
+    check_asset_values,
+)
 
 SPZ_MAGIC = 0x5053474E  # b"NGSP" little-endian
 HEADER_DTYPE = np.dtype(
@@ -235,17 +239,7 @@ def spz_from_bytes(
     log_scales = scale_b.reshape(n, 3).astype(np.float64) / 16.0 - 10.0
     quats = _decode_rotations(rot_b.reshape(n, 3 if version == 2 else 4), version)
 
-    def f32(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-
-    asset = GaussianAsset(
-        means=f32(means),
-        quats=f32(quats),
-        log_scales=f32(log_scales),
-        opacity_logits=f32(logits),
-        sh=f32(sh),
-    )
-    return check_asset_values(asset, source)
+    return asset_from_arrays(means, quats, log_scales, logits, sh, source)
 
 
 def read_spz(path: str | os.PathLike[str], *, notes: list[str] | None = None) -> GaussianAsset:

@@ -96,3 +96,22 @@ __all__ = [
     "check_asset_values",
     "clamp_infinite_opacity",
 ]
+
+
+def asset_from_arrays(
+    means, quats, log_scales, opacity_logits, sh, source: str = "asset"
+) -> GaussianAsset:
+    """A checked float32 asset from decoded numpy arrays (what every compressed reader ends
+    with)."""
+
+    def f32(a) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+    asset = GaussianAsset(
+        means=f32(means),
+        quats=f32(quats),
+        log_scales=f32(log_scales),
+        opacity_logits=f32(opacity_logits),
+        sh=f32(sh),
+    )
+    return check_asset_values(asset, source)
