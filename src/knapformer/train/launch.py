@@ -117,6 +117,9 @@ def _rank_main(rank: int, world: int, cfg: TrainConfig, rdzv: str, parent: int) 
         dist.destroy_process_group()
 
 
+JOIN_GRACE_S = 10.0  # how long the other ranks may take to stop on their own after one failed
+
+
 class _Terminated(SystemExit):
     """SIGTERM in the launcher: unwind (stop the ranks, remove the rendezvous directory)."""
 
@@ -150,7 +153,10 @@ def spawn(cfg: TrainConfig, nproc: int) -> None:
             join=False,
             start_method="spawn",
         )
-        while not ctx.join():
+        # A failing rank's peers usually fail the same way a moment later (a diverged loss is
+        # the same on every rank): let them shut down their process group themselves before
+        # they are stopped, or gloo's threads abort them with "terminate called ...".
+        while not ctx.join(grace_period=JOIN_GRACE_S):
             pass
     finally:
         if ctx is not None:
