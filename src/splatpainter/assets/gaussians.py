@@ -89,6 +89,13 @@ def sh_dc_to_rgb(dc: torch.Tensor, *, clamp: bool = True) -> torch.Tensor:
     return rgb.clamp_min(0.0) if clamp else rgb
 
 
+def map_sh_bands(rest: torch.Tensor, rest_map: torch.Tensor) -> torch.Tensor:
+    """The view-dependent SH bands [N, K-1, 3] under per-Gaussian colour maps [N, 3, 3]:
+    rest'[n, k] = rest_map[n] @ rest[n, k].  A linear colour map of the rendered colour is the
+    same map on every band (the bands are colour deviations by view direction)."""
+    return torch.einsum("nij,nkj->nki", rest_map.to(rest), rest)
+
+
 def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
     """Rotation matrices [...,3,3] of (w,x,y,z) quaternions (normalised first)."""
     q = quats / quats.norm(dim=-1, keepdim=True).clamp_min(1e-12)

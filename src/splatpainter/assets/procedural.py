@@ -25,7 +25,9 @@ from splatpainter.assets.gaussians import (
 )
 
 Vec3 = tuple[float, float, float]
-TEXTURE_KINDS = ("solid", "checker", "stripes", "noise", "gradient")
+# random_texture draws from the first five kinds only: seeded procedural assets stay as they were.
+_CLASSIC_KINDS = ("solid", "checker", "stripes", "noise", "gradient")
+TEXTURE_KINDS = (*_CLASSIC_KINDS, "sunburst", "plaid")
 
 
 def rotation_from_euler(
@@ -46,9 +48,13 @@ def rotation_from_euler(
 class Texture:
     """A colour field on a primitive's surface.
 
-    kind: solid | checker | stripes | noise | gradient. space "uv" evaluates on the surface
-    parameterisation (u, v in [0, 1]), "object" on the primitive's local 3D coordinates
-    (seamless, scale-aware). frequency: checker cells / stripes per unit, noise base frequency.
+    kind: solid | checker | stripes | noise | gradient | sunburst | plaid. space "uv" evaluates
+    on the surface parameterisation (u, v in [0, 1]), "object" on the primitive's local 3D
+    coordinates (seamless, scale-aware). frequency: checker cells / stripes per unit, noise base
+    frequency, sunburst rays. sunburst (a guitar top): colour_a at the centre fading radially to
+    colour_b at the rim, modulated by angular rays; plaid: two crossing stripe sets, so a part
+    shows colour_a, colour_b and their blend. Both make one part many colours, which defeats
+    "same colour = same part" rules.
     """
 
     kind: str = "solid"
@@ -85,9 +91,42 @@ class Texture:
             if self.space == "object":
                 x = x + 0.5  # local coordinates span about [-0.5, 0.5]
             t = x.clamp(0.0, 1.0)
+        elif self.kind == "sunburst":
+            t = _sunburst(coords, self.space, self.axis, self.frequency)
+        elif self.kind == "plaid":
+            t = _plaid(coords, self.axis, self.frequency)
         else:
             t = _fractal_noise(coords, self.frequency, self.octaves, self.seed)
         return ((1 - t)[:, None] * a + t[:, None] * b).clamp(0.0, 1.0)
+
+
+def _plane_coords(coords: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two coordinates other than `axis` (uv: u and v themselves)."""
+    if coords.shape[1] == 2:
+        return coords[:, 0], coords[:, 1]
+    a = axis % 3
+    return coords[:, (a + 1) % 3], coords[:, (a + 2) % 3]
+
+
+def _sunburst(coords: torch.Tensor, space: str, axis: int, rays: float) -> torch.Tensor:
+    """Blend weight in [0, 1]: a smooth radial ramp from the centre plus angular ray bands."""
+    x, y = _plane_coords(coords, axis)
+    if space == "uv":  # centre of the parameterisation, rim at distance 0.5
+        x, y, rim = x - 0.5, y - 0.5, 0.5
+    else:  # local coordinates of a primitive are about 0.1-0.3 across
+        rim = 0.2
+    r = (torch.sqrt(x * x + y * y) / rim).clamp(0.0, 1.0)
+    ramp = r * r * (3 - 2 * r)  # smoothstep
+    ray = 0.5 + 0.5 * torch.cos(torch.atan2(y, x) * round(rays))
+    return (ramp * (0.8 + 0.4 * ray)).clamp(0.0, 1.0)
+
+
+def _plaid(coords: torch.Tensor, axis: int, frequency: float) -> torch.Tensor:
+    """Blend weight in {0, 0.5, 1}: two crossing sets of narrow stripes (a tartan)."""
+    x, y = _plane_coords(coords, axis)
+    on_x = ((x * frequency) % 1.0 < 0.4).double()
+    on_y = ((y * frequency * 1.3) % 1.0 < 0.3).double()
+    return 0.5 * (on_x + on_y)
 
 
 def _hash_lattice(ijk: torch.Tensor, seed: int) -> torch.Tensor:
@@ -466,7 +505,7 @@ def area_proportional_counts(areas: Sequence[float], n: int) -> list[int]:
     return counts
 
 
-def _tangent_frames(normals: torch.Tensor) -> torch.Tensor:
+def tangent_frames(normals: torch.Tensor) -> torch.Tensor:
     """Rotation matrices [n,3,3] whose third column is the normal."""
     helper = torch.zeros_like(normals)
     use_x = normals[:, 0].abs() < 0.9
@@ -523,7 +562,7 @@ def build_asset(
     log_scales = torch.log(
         torch.tensor([s_plane, s_plane, flatness * s_plane], dtype=torch.float64)
     ).expand(n, 3)
-    quats = rotmat_to_quat(_tangent_frames(normals))
+    quats = rotmat_to_quat(tangent_frames(normals))
     opac = torch.cat(op_l)
     sh = torch.zeros(n, k, 3, dtype=torch.float64)
     sh[:, 0] = rgb_to_sh_dc(colors)
@@ -596,13 +635,14 @@ _PALETTE = [
     (0.9, 0.2, 0.2), (0.2, 0.6, 0.9), (0.95, 0.8, 0.2), (0.3, 0.8, 0.35), (0.6, 0.3, 0.8),
     (0.95, 0.55, 0.15), (0.9, 0.9, 0.9), (0.15, 0.15, 0.2), (0.55, 0.35, 0.2), (0.2, 0.75, 0.7),
 ]  # fmt: skip
+PALETTE: tuple[Vec3, ...] = tuple(_PALETTE)  # the colours random textures are drawn from
 
 
 def random_texture(gen: torch.Generator) -> Texture:
     def pick() -> int:
         return int(torch.randint(len(_PALETTE), (1,), generator=gen))
 
-    kind = TEXTURE_KINDS[int(torch.randint(len(TEXTURE_KINDS), (1,), generator=gen))]
+    kind = _CLASSIC_KINDS[int(torch.randint(len(_CLASSIC_KINDS), (1,), generator=gen))]
     a = pick()
     b = (a + 1 + int(torch.randint(len(_PALETTE) - 1, (1,), generator=gen))) % len(_PALETTE)
     freq = float(4 + 8 * torch.rand(1, generator=gen))

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from splatpainter.assets.gaussians import SH_C0, sh_dc_to_rgb
+from splatpainter.assets.gaussians import SH_C0, map_sh_bands, sh_dc_to_rgb
 from splatpainter.edit.signals import gather_signals
 from splatpainter.edit.views import EditView
 from splatpainter.model.stage1 import Stage1Latent
@@ -127,11 +127,20 @@ def build_edit_sample(
     )
 
 
-def apply_color_delta(asset, rgb_delta: torch.Tensor):
-    """Add a base-colour delta [N, 3] to SH DC; Gaussians with a zero delta keep their bits."""
+def apply_color_delta(asset, rgb_delta: torch.Tensor, rest_map: torch.Tensor | None = None):
+    """Add a base-colour delta [N, 3] to SH DC and map the higher SH bands by `rest_map`
+    [N, 3, 3] (rest'[n, k] = rest_map[n] @ rest[n, k]: a linear colour map applies to every band,
+    a shading scales the view-dependent terms too).  A Gaussian whose delta is zero and whose
+    map is the identity keeps its bits."""
     sh = asset.sh.clone()
     sh[:, 0, :] = asset.sh[:, 0, :] + (rgb_delta / SH_C0).to(sh)
-    return write_back(asset, (rgb_delta != 0).any(-1), sh=sh)
+    moved = (rgb_delta != 0).any(-1)
+    if rest_map is not None and asset.sh.shape[1] > 1:
+        eye = torch.eye(3, dtype=rest_map.dtype, device=rest_map.device)
+        remapped = (rest_map != eye).flatten(1).any(-1)
+        sh[:, 1:, :] = map_sh_bands(asset.sh[:, 1:, :], rest_map)
+        moved = moved | remapped
+    return write_back(asset, moved, sh=sh)
 
 
 class ModelMethod(EditMethod):
@@ -192,7 +201,7 @@ class ModelMethod(EditMethod):
             # weights stay as they were too.
             return asset, state
         deltas, fast = self.model.stage2([sample], state["fast"])
-        out = apply_color_delta(asset, deltas[0]["rgb"])
+        out = apply_color_delta(asset, deltas[0]["rgb"], deltas[0]["rest_map"])
         if self.refresh_latent:
             latent = self.model.encode_asset(out)
         return out, {"fast": [f.detach() for f in fast], "latent": latent}

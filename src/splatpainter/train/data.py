@@ -13,26 +13,43 @@ sequence is deterministic in its seed:
 
 Edit kinds (`KINDS`): paint (a ball, surface patch or stroke takes a colour or a texture, projected
 from the first edit camera with a depth test), recolor (one primitive: HSV change or 3x3 colour
-transform), global (3x3 colour transform of everything), relight (albedo x (ambient + diffuse
-max(0, n.l))) and detail (the input asset's texture is low-passed over neighbours; the edit puts
-the high frequencies back in a region).
+transform; in the distractor suite often only the part's share inside a ball or half-space),
+global (colour transform of everything), relight (albedo x (ambient + diffuse max(0, n.l))) and
+detail (the input asset's texture is low-passed over neighbours; the edit puts the high
+frequencies back in a region).
+
+Suites (`SUITES`, `SequenceSpec.suite`, scenes in train/scenes.py): procedural (one object, a
+palette colour per part: colour similarity finds the edited part), distractor (objects with an
+identical twin, colours shared across parts, multi-colour textures, partial-part recolours: colour
+misleads) and capture (INRIA-like fuzzy Gaussians with view-dependent SH and floaters).
+
+View-dependent colour follows every edit: an edit also gives a per-Gaussian linear colour map
+`rest_map` [N, 3, 3] applied to every SH band >= 1 (`edit_sh`), so highlights take the new colour.
+`EditStep.bleed` marks unchanged Gaussians at risk of wrongly taking an edit (`bleed_mask`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from splatpainter.assets.gaussians import (
     GaussianAsset,
+    map_sh_bands,
     rgb_to_sh_dc,
-    sh_coeff_count,
     sh_dc_to_rgb,
 )
-from splatpainter.assets.procedural import ProceduralAsset, build_asset, random_primitives
 from splatpainter.camera import Camera, orbit_cameras
 from splatpainter.edit.views import EditView
+from splatpainter.train.scenes import (
+    SUITES,
+    Scene,
+    build_scene,
+    fuzz_asset,  # noqa: F401 - re-exported (it lived here)
+    random_asset,  # noqa: F401 - re-exported
+)
 
 KINDS = ("paint", "recolor", "global", "relight", "detail")
 # The model's kind hint (one of stage2.EDIT_HINTS) for each kind: recolor covers a part and the
@@ -60,8 +77,14 @@ class SequenceSpec:
     num_heldout: int = 4
     fuzzy_prob: float = 0.5  # probability of INRIA-like augmentation (SH 3, jitter, opacity)
     overlap_prob: float = 0.3  # a paint lands near the previous paint
+    suite: str = "procedural"  # which scenes: one of SUITES
+    partial_prob: float = 0.5  # distractor: a recolour stops inside its part (ball/half-space)
 
     def __post_init__(self) -> None:
+        if self.suite not in SUITES:
+            raise EditDataError(f"unknown suite {self.suite!r}; use one of {SUITES}")
+        if not 0.0 <= self.partial_prob <= 1.0:
+            raise EditDataError("need 0 <= partial_prob <= 1")
         bad = [k for k in self.kinds if k not in KINDS]
         if bad or (self.first_kind is not None and self.first_kind not in KINDS):
             raise EditDataError(f"unknown edit kind(s) {bad or [self.first_kind]}; use {KINDS}")
@@ -79,6 +102,9 @@ class EditStep:
     colors: torch.Tensor  # [N, 3] ground-truth base colours after this edit (cumulative)
     changed: torch.Tensor  # [N] bool: Gaussians whose colour this edit changed
     views: list[EditView]
+    sh: torch.Tensor  # [N, K, 3] ground-truth SH after this edit (cumulative; DC from colors)
+    rest_map: torch.Tensor  # [N, 3, 3] this edit's colour map of SH bands >= 1 (see edit_sh)
+    bleed: torch.Tensor  # [N] bool: unchanged Gaussians at risk of wrongly taking it (bleed_mask)
     renders: list[torch.Tensor] = field(default_factory=list)  # float GT renders, pre-quantise
 
 
@@ -88,13 +114,17 @@ class EditSequence:
     source: GaussianAsset  # input asset (colours = source_colors)
     source_colors: torch.Tensor  # [N, 3]
     normals: torch.Tensor  # [N, 3] surface normals (ground-truth geometry, for relight)
-    primitive_id: torch.Tensor  # [N]
+    primitive_id: torch.Tensor  # [N] part (unique across objects); floaters -1
     steps: list[EditStep]
     heldout: list[Camera]
+    instance_id: torch.Tensor  # [N] int64 object instance (procedural: all 0); floaters -1
+    twin_index: torch.Tensor  # [N] int64 the same Gaussian in an identical twin object, or -1
+    points: torch.Tensor  # [N, 3] surface points edits are defined on (capture: means differ)
+    suite: str = "procedural"
 
     def asset_at(self, k: int) -> GaussianAsset:
-        """Ground-truth asset after edit k (k = -1: the source)."""
-        return self.source if k < 0 else with_base_colors(self.source, self.steps[k].colors)
+        """Ground-truth asset after edit k (k = -1: the source), higher SH bands edited too."""
+        return self.source if k < 0 else self.source.replace(sh=self.steps[k].sh)
 
 
 # ------------------------------------------------------------------------ colours
@@ -154,6 +184,75 @@ def apply_color_transform(colors: torch.Tensor, kind: str, params: torch.Tensor)
     return (colors @ p[:, :3].T + p[:, 3]).clamp(0, 1)
 
 
+def color_transform_map(colors: torch.Tensor, kind: str, params: torch.Tensor) -> torch.Tensor:
+    """Linear part [n, 3, 3] of `apply_color_transform` at each colour (out x in): the matrix M
+    itself, or for HSV the Jacobian by central differences (clamped against hue singularities).
+    View-dependent SH bands are small deviations around the colour, so they map by it."""
+    n = colors.shape[0]
+    if kind != "hsv":
+        return params[:, :3].to(colors).expand(n, 3, 3).clone()
+    c = colors.double()
+    eps = 1e-3
+    cols = []
+    for j in range(3):
+        e = torch.zeros(3, dtype=c.dtype)
+        e[j] = eps
+        hi = apply_color_transform(c + e, kind, params.double())
+        lo = apply_color_transform(c - e, kind, params.double())
+        cols.append((hi - lo) / (2 * eps))
+    return torch.stack(cols, -1).clamp(-3.0, 3.0).to(colors)
+
+
+def identity_maps(n: int) -> torch.Tensor:
+    return torch.eye(3).expand(n, 3, 3).clone()
+
+
+def edit_sh(sh: torch.Tensor, colors: torch.Tensor, rest_map: torch.Tensor) -> torch.Tensor:
+    """SH after an edit: DC from the new base colours [N, 3], every higher band mapped by the
+    per-Gaussian colour map [N, 3, 3] (rest'[n, k] = rest_map[n] @ rest[n, k], the convention of
+    edit.methods.apply_color_delta).  Bands of identity-mapped Gaussians keep their bits."""
+    out = sh.clone()
+    out[:, 0, :] = rgb_to_sh_dc(colors.to(sh))
+    if sh.shape[1] > 1:
+        eye = torch.eye(3, dtype=rest_map.dtype)
+        moved = (rest_map != eye).flatten(1).any(-1)
+        if bool(moved.any()):
+            m = rest_map[moved].to(sh)
+            out[moved, 1:, :] = map_sh_bands(sh[moved, 1:, :], m)
+    return out
+
+
+BLEED_BINS = 6  # RGB grid for the colours an edit touched
+BLEED_SHARE = 0.05  # a bin is one of the edit's colours when it holds this share of the changed
+BLEED_RADIUS = 0.1  # RGB distance to such a colour (bin mean) that counts as "the same colour"
+
+
+def bleed_mask(
+    kind: str, before: torch.Tensor, changed: torch.Tensor, twin_index: torch.Tensor
+) -> torch.Tensor:
+    """[N] bool: Gaussians an edit did not change that a careless editor would change too.
+
+    (a) twins: the Gaussian of an identical twin object at the place of a changed one;
+    (b) colour: an unchanged Gaussian whose pre-edit colour lies within BLEED_RADIUS of an edit
+    colour, the mean pre-edit colour of a 6x6x6 RGB bin that holds >= BLEED_SHARE of the changed
+    Gaussians.  Empty for global recolour and relight (everything changes)."""
+    out = torch.zeros_like(changed)
+    if kind in ("global", "relight") or not bool(changed.any()):
+        return out
+    has_twin = twin_index >= 0
+    out[has_twin] = changed[twin_index[has_twin]]
+    c = before.clamp(0, 1)
+    cb = (c[changed] * BLEED_BINS).long().clamp(max=BLEED_BINS - 1)
+    key = (cb[:, 0] * BLEED_BINS + cb[:, 1]) * BLEED_BINS + cb[:, 2]
+    counts = torch.bincount(key, minlength=BLEED_BINS**3)
+    sums = torch.zeros(BLEED_BINS**3, 3).index_add_(0, key, c[changed].float())
+    keep = counts >= max(1.0, BLEED_SHARE * float(changed.sum()))
+    if bool(keep.any()):
+        centres = sums[keep] / counts[keep, None]
+        out |= torch.cdist(c.float(), centres).amin(1) < BLEED_RADIUS
+    return out & ~changed
+
+
 def low_pass(points: torch.Tensor, colors: torch.Tensor, k: int = 16) -> torch.Tensor:
     """Mean colour over each Gaussian's k nearest neighbours (itself included)."""
     out = torch.empty_like(colors)
@@ -164,30 +263,24 @@ def low_pass(points: torch.Tensor, colors: torch.Tensor, k: int = 16) -> torch.T
     return out
 
 
-# ------------------------------------------------------------------------ assets
-def fuzz_asset(asset: GaussianAsset, gen: torch.Generator, strength: float = 1.0) -> GaussianAsset:
-    """Push a clean procedural asset toward trained INRIA scenes: SH degree 3 with random view
-    dependence, jittered anisotropic scales, lowered opacities (geometry stays near the surface)."""
-    n = asset.num_gaussians
-    s = float(strength)
-    jitter = s * 0.35 * torch.randn(n, 3, generator=gen)
-    log_scales = asset.log_scales + jitter + s * 0.25
-    op = asset.opacity_logits - s * 2.5 * torch.rand(n, generator=gen)
-    sh = torch.zeros(n, sh_coeff_count(3), 3)
-    sh[:, 0] = asset.sh[:, 0]
-    amp = s * 0.15 * torch.rand(n, 1, 1, generator=gen)
-    sh[:, 1:] = amp * torch.randn(n, sh.shape[1] - 1, 3, generator=gen)
-    return asset.replace(log_scales=log_scales, opacity_logits=op, sh=sh)
+def scene_low_pass(scene: Scene) -> torch.Tensor:
+    """`low_pass` of the texture colours within each object (floaters keep theirs); a twin copy
+    takes its original's result so the twins stay identical."""
+    inst = scene.instance_id
+    if bool((inst == 0).all()):  # one object (procedural): as ever
+        return low_pass(scene.points, scene.colors)
+    out = scene.colors.clone()
+    for i in inst.unique().tolist():
+        m = inst == i
+        if i >= 0:
+            out[m] = low_pass(scene.points[m], scene.colors[m])
+    copy = scene.twin_index >= 0
+    copy &= scene.twin_index < torch.arange(inst.shape[0])  # the later copy of each pair
+    out[copy] = out[scene.twin_index[copy]]
+    return out
 
 
-def random_asset(seed: int, n: int, *, fuzzy: bool) -> tuple[ProceduralAsset, GaussianAsset]:
-    pa = build_asset(random_primitives(seed), n, seed=seed)
-    asset = pa.asset
-    if fuzzy:
-        asset = fuzz_asset(asset, torch.Generator().manual_seed(seed + 7919))
-    return pa, asset
-
-
+# ------------------------------------------------------------------------ cameras
 def view_camera(asset: GaussianAsset, azimuth: float, elevation: float, size: int) -> Camera:
     el = max(-80.0, min(80.0, elevation))
     return orbit_cameras(
@@ -264,24 +357,54 @@ def paint_edit(
     return torch.where(region[:, None], paint, colors)
 
 
-def make_edit(
+class EditResult(NamedTuple):
+    colors: torch.Tensor  # [N, 3] new base colours
+    rest_map: torch.Tensor  # [N, 3, 3] linear colour map of the SH bands >= 1 (see edit_sh)
+
+
+def _partial_region(points: torch.Tensor, sel: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The part `sel` cut by a ball around one of its points or a half-space through one of its
+    points, keeping 25-75 % of it, so a recolour stops inside a part."""
+    idx = sel.nonzero().flatten()
+    p = points[idx]
+    share = 0.25 + 0.5 * float(torch.rand(1, generator=gen))
+    if float(torch.rand(1, generator=gen)) < 0.5:  # ball
+        centre = p[int(torch.randint(idx.numel(), (1,), generator=gen))]
+        d = (points - centre).norm(dim=-1)
+        radius = torch.quantile(d[idx], share)
+        return sel & (d <= radius)
+    direction = torch.randn(3, generator=gen)
+    proj = points @ (direction / direction.norm())
+    cut = torch.quantile(proj[idx], 1.0 - share)  # the plane passes through a point of the part
+    return sel & (proj >= cut)
+
+
+def make_edit_full(
     kind: str,
     colors: torch.Tensor,
     seq_info: dict,
     visible: torch.Tensor,
     gen: torch.Generator,
     near: int | None = None,
-) -> torch.Tensor:
-    """New colours [N, 3] for one edit of `kind` applied to `colors`."""
+) -> EditResult:
+    """New colours [N, 3] and SH-band colour map [N, 3, 3] for one edit of `kind` on `colors`.
+
+    seq_info: points, normals, primitive_id (-1: floaters, never picked as a part), optional
+    sharp/blurred (detail) and partial_prob (recolours that stop inside a part)."""
     points, normals, pid = seq_info["points"], seq_info["normals"], seq_info["primitive_id"]
+    n = colors.shape[0]
     if kind == "paint":
-        return paint_edit(colors, points, normals, visible, gen, near)
+        return EditResult(paint_edit(colors, points, normals, visible, gen, near), identity_maps(n))
     if kind in ("recolor", "global"):
+        partial = float(seq_info.get("partial_prob", 0.0))
         for _ in range(8):  # redraw transforms that barely change anything
             tk, params = random_color_transform(gen)
             if kind == "recolor":
-                part = int(pid[_pick(visible, gen)])
+                part = int(pid[_pick(visible & (pid >= 0), gen)])
                 sel = pid == part
+                # (no draw without partial recolours: the procedural suite keeps its sequences)
+                if partial > 0 and float(torch.rand(1, generator=gen)) < partial:
+                    sel = _partial_region(points, sel, gen)
             else:
                 sel = torch.ones_like(pid, dtype=torch.bool)
             new = apply_color_transform(colors[sel], tk, params)
@@ -289,7 +412,9 @@ def make_edit(
                 break
         out = colors.clone()
         out[sel] = new
-        return out
+        rest = identity_maps(n)
+        rest[sel] = color_transform_map(colors[sel], tk, params)
+        return EditResult(out, rest)
     if kind == "relight":
         if normals is None:
             raise EditDataError("relight needs surface normals; this asset has none")
@@ -298,7 +423,9 @@ def make_edit(
         ambient = 0.2 + 0.35 * float(torch.rand(1, generator=gen))
         diffuse = (0.9 + 0.5 * float(torch.rand(1, generator=gen))) - ambient
         shade = ambient + diffuse * (normals @ light).clamp_min(0)
-        return (colors * shade[:, None]).clamp(0, 1)
+        return EditResult(
+            (colors * shade[:, None]).clamp(0, 1), shade[:, None, None] * torch.eye(3)
+        )
     if kind == "detail":
         sharp, blurred = seq_info.get("sharp"), seq_info.get("blurred")
         if sharp is None:
@@ -306,8 +433,22 @@ def make_edit(
         seed = _pick(visible, gen)
         r = 0.1 + 0.15 * float(torch.rand(1, generator=gen))
         region = (points - points[seed]).norm(dim=-1) < r
-        return torch.where(region[:, None], (colors + sharp - blurred).clamp(0, 1), colors)
+        new = torch.where(region[:, None], (colors + sharp - blurred).clamp(0, 1), colors)
+        return EditResult(new, identity_maps(n))
     raise EditDataError(f"unknown edit kind {kind!r}; use one of {KINDS}")
+
+
+def make_edit(
+    kind: str,
+    colors: torch.Tensor,
+    seq_info: dict,
+    visible: torch.Tensor,
+    gen: torch.Generator,
+    near: int | None = None,
+) -> torch.Tensor:
+    """New colours [N, 3] for one edit of `kind` applied to `colors` (`make_edit_full` also
+    gives the map of the higher SH bands)."""
+    return make_edit_full(kind, colors, seq_info, visible, gen, near).colors
 
 
 def quantize(img: torch.Tensor) -> torch.Tensor:
@@ -316,7 +457,7 @@ def quantize(img: torch.Tensor) -> torch.Tensor:
 
 
 def make_sequence(seed: int, spec: SequenceSpec | None = None) -> EditSequence:
-    """A random asset and a sequence of 3D edits, all determined by `seed`."""
+    """A random scene of `spec.suite` and a sequence of 3D edits, all determined by `seed`."""
     from splatpainter.render import render
 
     spec = spec or SequenceSpec()
@@ -333,15 +474,19 @@ def make_sequence(seed: int, spec: SequenceSpec | None = None) -> EditSequence:
     if spec.first_kind is not None:
         kinds[0] = spec.first_kind
     needs_detail = "detail" in kinds
-    pa, asset = random_asset(int(seed), n, fuzzy=fuzzy)
-    sharp = pa.base_colors.float()
-    info = {"points": pa.points, "normals": pa.normals, "primitive_id": pa.primitive_id}
+    scene = build_scene(spec.suite, int(seed), n, fuzzy=fuzzy)
+    asset, points = scene.asset, scene.points
+    sharp = scene.colors.float()
+    info: dict = {"points": points, "normals": scene.normals, "primitive_id": scene.primitive_id}
+    if spec.suite == "distractor":
+        info["partial_prob"] = spec.partial_prob
     colors = sharp
     if needs_detail:
-        blurred = low_pass(pa.points, sharp)
+        blurred = scene_low_pass(scene)
         info.update(sharp=sharp, blurred=blurred)
         colors = blurred
     source = with_base_colors(asset, colors)
+    sh = source.sh
     steps: list[EditStep] = []
     first_az = 360.0 * float(torch.rand(1, generator=gen))
     last_paint: int | None = None
@@ -357,22 +502,23 @@ def make_sequence(seed: int, spec: SequenceSpec | None = None) -> EditSequence:
                     source, az + 120.0 * (d[0] - 0.5), el + 40.0 * (d[1] - 0.5), spec.view_size
                 )
             )
-        current = with_base_colors(asset, colors)
+        current = source.replace(sh=sh)
         visible = _visible(current, cams[0])
         near = None
         if kind == "paint" and last_paint is not None and u[2] < spec.overlap_prob:
-            close = (pa.points - pa.points[last_paint]).norm(dim=-1) < 0.08
+            close = (points - points[last_paint]).norm(dim=-1) < 0.08
             if bool((close & visible).any()):
                 near = _pick(close & visible, gen)
         for _ in range(6):  # redraw edits that change (almost) nothing
-            new = make_edit(kind, colors, info, visible, gen, near)
+            new, rest_map = make_edit_full(kind, colors, info, visible, gen, near)
             if int(((new - colors).abs().amax(-1) > 4.0 / 255.0).sum()) >= 10:
                 break
             near = None
         if kind == "paint":
             changed_now = (new - colors).abs().amax(-1) > 0
             last_paint = _pick(changed_now, gen) if bool(changed_now.any()) else None
-        gt = with_base_colors(asset, new)
+        sh = edit_sh(sh, new, rest_map)
+        gt = source.replace(sh=sh)
         views, renders = [], []
         for j, cam in enumerate(cams):
             with torch.no_grad():
@@ -380,9 +526,20 @@ def make_sequence(seed: int, spec: SequenceSpec | None = None) -> EditSequence:
             renders.append(img)
             views.append(EditView(cam, quantize(img), None, f"edit{i}_view{j}"))
         changed = (new - colors).abs().amax(-1) > 1.0 / 255.0
-        steps.append(EditStep(kind, new, changed, views, renders))
+        bleed = bleed_mask(kind, colors, changed, scene.twin_index)
+        steps.append(EditStep(kind, new, changed, views, sh, rest_map, bleed, renders))
         colors = new
     held = heldout_cameras(source, first_az, spec.num_heldout, spec.view_size, gen)
     return EditSequence(
-        int(seed), source, base_colors(source), pa.normals, pa.primitive_id, steps, held
+        seed=int(seed),
+        source=source,
+        source_colors=base_colors(source),
+        normals=scene.normals,
+        primitive_id=scene.primitive_id,
+        steps=steps,
+        heldout=held,
+        instance_id=scene.instance_id,
+        twin_index=scene.twin_index,
+        points=points,
+        suite=spec.suite,
     )
