@@ -55,10 +55,14 @@ def test_sequences_differ_by_seed_and_keep_geometry():
     assert a.source.num_gaussians != b.source.num_gaussians or not torch.equal(
         a.source.means, b.source.means
     )
-    for k in range(len(a.steps)):
+    mapped = torch.zeros(a.source.num_gaussians, dtype=torch.bool)
+    for k, step in enumerate(a.steps):
         gt = a.asset_at(k)
         assert torch.equal(gt.means, a.source.means) and torch.equal(gt.quats, a.source.quats)
-        assert torch.equal(gt.sh[:, 1:], a.source.sh[:, 1:])  # only the DC colour is edited
+        assert torch.equal(gt.sh, step.sh)
+        # Higher SH bands change only where an edit's colour map is not the identity.
+        mapped |= (step.rest_map != torch.eye(3)).flatten(1).any(-1)
+        assert torch.equal(gt.sh[~mapped, 1:], a.source.sh[~mapped, 1:])
 
 
 def test_relight_without_normals_is_a_clear_error():
@@ -209,14 +213,18 @@ def _tiny_phases_dict(cache) -> dict:
         {"name": "solve", "stage2": {"solve_iters": 2}, "optim": {"steps": 3, "lr": 1e-3},
          "data": {"first_seed": 100050, "num_sequences": 2}},
         {"name": "maps", "stage2": {"fit_maps": True}, "optim": {"seed": 5}},
+        {"name": "propagate", "stage2": {"propagate": True}, "optim": {"steps": 2},
+         "data": {"suites": ["distractor", "capture"], "first_seed": 100080}},
     ]  # fmt: skip
     return d
 
 
 def test_phases_override_the_phase_before_and_name_their_errors(tmp_path):
     cfg = config_from_dict(_tiny_phases_dict(tmp_path))
-    base, solve, maps = (p.config for p in cfg.phases)
-    assert [p.name for p in cfg.phases] == ["base", "solve", "maps"]
+    base, solve, maps, grow = (p.config for p in cfg.phases)
+    assert [p.name for p in cfg.phases] == ["base", "solve", "maps", "propagate"]
+    assert grow.model.stage2.propagate and not maps.model.stage2.propagate
+    assert grow.data.suites == ("distractor", "capture")
     assert base.optim.steps == 2 and base.model.stage2.solve_iters == 0
     assert (solve.optim.steps, solve.optim.lr, solve.data.num_sequences) == (3, 1e-3, 2)
     # cumulative: maps keeps the solve and the data of the phase before, adds its own keys
@@ -250,10 +258,12 @@ def test_phased_training_chains_weights_and_resumes_exactly(tmp_path):
     cfg = config_from_dict(_tiny_phases_dict(tmp_path / "cache"))
     phases: list[str] = []
     model_a = train(cfg, tmp_path / "a", on_phase=lambda i, name: phases.append(name))
-    assert phases == ["base", "solve", "maps"]
+    assert phases == ["base", "solve", "maps", "propagate"]
     rows = [json.loads(x) for x in (tmp_path / "a" / LOG).read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(8))
-    assert [r["phase"] for r in rows] == ["base"] * 2 + ["solve"] * 3 + ["maps"] * 3
+    assert [r["step"] for r in rows] == list(range(10))
+    assert [r["phase"] for r in rows] == (
+        ["base"] * 2 + ["solve"] * 3 + ["maps"] * 3 + ["propagate"] * 2
+    )
     shipped = load_weights(tmp_path / "a" / WEIGHTS)
     assert shipped.trained and shipped.config == cfg.phases[-1].config.model
     # the second phase started from the first one's final weights (3 AdamW steps of lr 1e-3
@@ -278,6 +288,19 @@ def test_phased_training_chains_weights_and_resumes_exactly(tmp_path):
     rows_b = [json.loads(x) for x in (tmp_path / "b" / LOG).read_text().splitlines()]
     assert [r["loss"] for r in rows_b] == [r["loss"] for r in rows]
     assert (tmp_path / "b" / "loss.png").exists()
+    # the curriculum started at its last phase from the third phase's weights
+    model_c = train(
+        cfg, tmp_path / "c", from_phase="propagate", init=tmp_path / "a" / "3-maps" / WEIGHTS
+    )
+    rows_c = [json.loads(x) for x in (tmp_path / "c" / LOG).read_text().splitlines()]
+    assert [r["loss"] for r in rows_c] == [r["loss"] for r in rows[-2:]]
+    assert [r["step"] for r in rows_c] == [8, 9]
+    for (k, va), vc in zip(
+        model_a.state_dict().items(), model_c.state_dict().values(), strict=True
+    ):
+        assert torch.equal(va, vc), k
+    with pytest.raises(ConfigError, match="no phase named 'grow'"):
+        train(cfg, tmp_path / "d", from_phase="grow", init=tmp_path / "a" / WEIGHTS)
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "splatpainter").glob("*.toml")))
@@ -291,7 +314,7 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
     from splatpainter.model.editor import DEFAULT_WEIGHTS, load_weights
 
     cfg = load_config(ROOT / "configs" / "splatpainter" / "editor.toml")
-    assert [p.name for p in cfg.phases] == ["base", "solve", "maps"]
+    assert [p.name for p in cfg.phases] == ["base", "solve", "maps", "propagate"]
     shipped = load_weights(DEFAULT_WEIGHTS)
     assert shipped.trained
     assert shipped.config == cfg.phases[-1].config.model

@@ -19,6 +19,12 @@ def train(
     resume: bool = typer.Option(False, help="continue from the checkpoint in --out"),
     steps: int | None = typer.Option(None, help="override optim.steps (of every phase)"),
     cache_dir: Path | None = typer.Option(None, help="override data.cache_dir"),
+    from_phase: str | None = typer.Option(
+        None, help="start the [[phase]] curriculum at this phase (with --init)"
+    ),
+    init: Path | None = typer.Option(
+        None, help="weights the earlier phases produced, for --from-phase"
+    ),
     json_out: JsonFlag = False,
 ) -> None:
     """Train the Stage I + Stage II editor on procedural 3D edits.
@@ -83,7 +89,16 @@ def train(
             )
 
         progress.update(cache_task, completed=0)
-        run_training(cfg, out, resume=resume, on_cache=on_cache, on_step=on_step, on_phase=on_phase)
+        run_training(
+            cfg,
+            out,
+            resume=resume,
+            on_cache=on_cache,
+            on_step=on_step,
+            on_phase=on_phase,
+            from_phase=from_phase,
+            init=init,
+        )
         progress.update(cache_task, completed=progress.tasks[cache_task].total)
     summary = {
         "out": str(out),

@@ -113,6 +113,13 @@ class EditorModel(nn.Module):
     def preprocess(self, asset) -> PreprocessViews:
         return render_preprocess_views(asset, self.config.stage1)
 
+    def asset_graph(self, asset):
+        """The k-NN graph Stage II propagates over (None when it does not propagate)."""
+        from splatpainter.model.propagate import build_graph
+
+        c = self.config.stage2
+        return build_graph(asset, c.prop_k, c.prop_anchors) if c.propagate else None
+
     @torch.no_grad()
     def encode_asset(self, asset) -> Stage1Latent:
         """Stage I for one asset, cached by (asset content, weights) hash."""
@@ -120,6 +127,7 @@ class EditorModel(nn.Module):
         hit = self._cache.get(key)
         if hit is None:
             hit = self.stage1([asset], [self.preprocess(asset)])[0].detach()
+            hit.graph = self.asset_graph(asset)
             self._cache = {key: hit}  # one asset at a time is what a session needs
         return hit
 

@@ -167,6 +167,61 @@ def color_bin_stats(
     return torch.stack([share[idx], torch.log1p(seen[idx])], -1)
 
 
+def fit_hypothesis_maps(
+    colors: torch.Tensor,
+    seen_delta: torch.Tensor,
+    w: torch.Tensor,
+    normals: torch.Tensor,
+    affine: torch.Tensor | None = None,
+    shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The affine recolour [4, 3] and shading (ambient, diffuse, light) of an edit: the given
+    ones (fitted to the views' pixels), else fitted to the seen change with weights w [N]."""
+    targets = colors + seen_delta
+    aff = fit_affine(colors, targets, w) if affine is None else affine.to(colors)
+    if shading is None:
+        shading = fit_shading(colors, targets, normals, w)
+    return aff, shading
+
+
+REST_RIDGE = 0.1  # pull of the SH bands' colour map toward the identity (see band_map)
+CHANGE_TAU = 2.0 / 255.0  # a seen Gaussian "changed" if its change exceeds this
+
+
+def band_map(
+    colors: torch.Tensor, cand_affine: torch.Tensor, seen_delta: torch.Tensor, w: torch.Tensor
+) -> torch.Tensor:
+    """[3, 3] the recolour's map for the view-dependent SH bands (on a colour column vector).
+
+    A map fitted to pixels is free in the colour directions the changed colours do not span,
+    and its linear part there can be wild (gains of -7): harmless on the base colours it was
+    fitted to, ruinous on the SH bands.  So the bands take a refit of what the map does to the
+    seen changed Gaussians, ridge-regularised toward the identity where the data leave it open."""
+    changed_w = w * (seen_delta.abs().amax(-1) > CHANGE_TAU).to(w.dtype)
+    return fit_affine(colors, colors + cand_affine, changed_w, lam=REST_RIDGE)[:3].T
+
+
+def hypothesis_rest_maps(
+    band: torch.Tensor, shade: torch.Tensor, normals: torch.Tensor
+) -> torch.Tensor:
+    """[N, NUM_HYPOTHESES, 3, 3]: what each hypothesis does to the view-dependent SH bands
+    (rest' = map @ rest): the seen change keeps them, the recolour applies its band map
+    (`band_map`), the relight scales them by the Gaussian's shading factor `shade` [N]."""
+    n = normals.shape[0]
+    eye = torch.eye(3, dtype=normals.dtype, device=normals.device)
+    return torch.stack(
+        [eye.expand(n, 3, 3), band.to(normals).expand(n, 3, 3), shade[:, None, None] * eye], 1
+    )
+
+
+def shading_factor(
+    shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor], normals: torch.Tensor
+) -> torch.Tensor:
+    """[N] a + d max(0, n.l): what the Lambertian relight multiplies each colour by."""
+    a, d, light = shading
+    return a + d * (normals @ light.to(normals)).clamp_min(0)
+
+
 def edit_hypotheses(
     colors: torch.Tensor,
     seen_delta: torch.Tensor,
@@ -194,8 +249,10 @@ def edit_hypotheses(
     lo, hi = colors.clamp_max(0.0), colors.clamp_min(1.0)
     new_aff = torch.cat([colors, torch.ones_like(colors[:, :1])], -1) @ aff
     cand_aff = torch.minimum(torch.maximum(new_aff, lo), hi) - colors
-    a, d, light = fit_shading(colors, targets, normals, w) if shading is None else shading
-    shade = a + d * (normals @ light).clamp_min(0)
+    if shading is None:
+        shading = fit_shading(colors, targets, normals, w)
+    d = shading[1]
+    shade = shading_factor(shading, normals)
     cand_shade = torch.minimum(torch.maximum(colors * shade[:, None], lo), hi) - colors
     cand = torch.stack([seen_delta, cand_aff.clamp(-1, 1), cand_shade.clamp(-1, 1)], 1)
     wsum = w.sum().clamp_min(1e-6)

@@ -32,6 +32,7 @@ from torch import nn
 
 from splatpainter.assets.gaussians import sh_dc_to_rgb
 from splatpainter.model.layers import MLP, TransformerBlock, fourier_encode, segment_mean
+from splatpainter.model.propagate import SplatGraph
 
 MAX_SH_REST = 15  # coefficients beyond DC at degree 3
 ATTR_DIM = 3 + 4 + 3 + 1 + 3 + 3 * MAX_SH_REST
@@ -296,11 +297,13 @@ class Stage1Latent:
     voxel_latent: torch.Tensor  # [V, latent_dim]
     gauss_feat: torch.Tensor  # [N, gauss_feat_dim]
     normals: torch.Tensor | None = None  # [N, 3] oriented normals (see hypotheses)
+    graph: SplatGraph | None = None  # the k-NN graph Stage II propagates over (when it does)
 
     def detach(self) -> Stage1Latent:
         return Stage1Latent(
-            self.vox, self.voxel_latent.detach(), self.gauss_feat.detach(), self.normals
-        )
+            self.vox, self.voxel_latent.detach(), self.gauss_feat.detach(), self.normals,
+            self.graph,
+        )  # fmt: skip
 
     def to_dict(self) -> dict:
         v = self.vox
@@ -313,6 +316,7 @@ class Stage1Latent:
             "voxel_latent": self.voxel_latent.detach().cpu(),
             "gauss_feat": self.gauss_feat.detach().cpu(),
             "normals": None if self.normals is None else self.normals.cpu(),
+            "graph": None if self.graph is None else self.graph.to_dict(),
         }
 
     @classmethod
@@ -325,11 +329,13 @@ class Stage1Latent:
             int(d["grid_size"]),
         )
         normals = d.get("normals")
+        graph = d.get("graph")
         return cls(
             vox,
             d["voxel_latent"].to(device),
             d["gauss_feat"].to(device),
             None if normals is None else normals.to(device),
+            None if graph is None else SplatGraph.from_dict(graph, device),
         )
 
 

@@ -17,7 +17,12 @@ least-squares colour change that reproduces the edit views, `edit/solve.py`, whe
 relight fitted to it (or, with `fit_maps`, to the edit views' pixels).  w_g is a *learned*
 per-Gaussian edit weight: it is free to change Gaussians no edit view sees (the far side of a
 recoloured part, the unseen side of a relit object) and to leave them (the back of a painted
-object).  Only SH DC changes; geometry, opacity and higher SH bands are never touched.
+object).  With `propagate`, the heads also read a learned walk over the asset's k-NN graph
+(model/propagate.py): where the edit spreads is decided by 3D structure, not by colour alone.
+SH DC takes the delta; the higher SH bands follow the chosen hypotheses' colour maps
+(`rest_map`: the affine map's linear part, the shading factor, the identity for the seen
+change), so highlights change with a recolour or relight.  Geometry and opacity are never
+touched.
 
 Identity preservation where nothing is asked is structural: E = clamp(sum_g in-mask weight_g *
 |residual|_g / evidence_tau, 0, 1) is exactly zero when no edit pixel lands on the asset or the
@@ -37,9 +42,14 @@ from splatpainter.model.hypotheses import (
     BIN_STATS_DIM,
     EDIT_STATS_DIM,
     NUM_HYPOTHESES,
+    band_map,
     edit_hypotheses,
+    fit_hypothesis_maps,
+    hypothesis_rest_maps,
+    shading_factor,
 )
 from splatpainter.model.layers import MLP, SelfAttention, fourier_encode, segment_mean
+from splatpainter.model.propagate import NODE_ATTRS, Propagation
 from splatpainter.model.stage1 import Stage1Latent
 from splatpainter.model.ttt import FastWeights, TTTConfig, TTTLayer
 
@@ -98,6 +108,14 @@ class Stage2Config:
     # Fit the recolour and shading hypotheses to the edit views' pixels (with the solve; see
     # edit/solve.py `fit_color_maps`) instead of to the solved per-Gaussian change.
     fit_maps: bool = False
+    # Learned propagation over the asset's k-NN graph (model/propagate.py); off: the weights
+    # trained before it existed.
+    propagate: bool = False
+    prop_channels: int = 8
+    prop_k: int = 10
+    prop_anchors: int = 2048
+    prop_coarse_steps: int = 24
+    prop_fine_steps: int = 4
 
     def __post_init__(self) -> None:
         if self.dim % self.num_heads or self.dim % self.ttt_heads:
@@ -232,6 +250,16 @@ class Stage2Editor(nn.Module):
         self.config = config
         c = config
         per_gauss = SIGNAL_DIM + 3 * NUM_HYPOTHESES + BIN_STATS_DIM
+        walk = c.prop_channels if c.propagate else 0
+        self.propagation = None
+        if c.propagate:
+            self.propagation = Propagation(
+                node_dim=c.gauss_feat_dim + 3 + 3 + NODE_ATTRS,
+                seed_dim=per_gauss + 2 + len(EDIT_HINTS),
+                channels=c.prop_channels,
+                coarse_steps=c.prop_coarse_steps,
+                fine_steps=c.prop_fine_steps,
+            )
         self.voxel_in = nn.Linear(latent_dim, c.dim)
         self.voxel_pos = nn.Linear(3 * 2 * c.fourier_freqs, c.dim)
         self.voxel_sig = nn.Linear(per_gauss, c.dim)
@@ -240,7 +268,9 @@ class Stage2Editor(nn.Module):
         self.edit_in = nn.Linear(c.patch_size**2 * VIEW_CHANNELS, c.dim)
         self.blocks = nn.ModuleList(EditorBlock(c) for _ in range(c.num_blocks))
         self.norm_out = nn.LayerNorm(c.dim)
-        head_in = c.dim + c.gauss_feat_dim + 3 + 3 + per_gauss + EDIT_STATS_DIM + len(EDIT_HINTS)
+        head_in = (
+            c.dim + c.gauss_feat_dim + 3 + 3 + per_gauss + EDIT_STATS_DIM + len(EDIT_HINTS) + walk
+        )
         self.head = MLP(head_in, c.head_hidden, 1 + NUM_HYPOTHESES + 3)
         nn.init.normal_(self.head.fc2.weight, std=0.01)
         with torch.no_grad():  # start as back-projection: gate ~ 0.5, mix on the residual
@@ -257,6 +287,10 @@ class Stage2Editor(nn.Module):
             normals = torch.zeros_like(s.colors)
         # The seen Gaussians' own change: the least-squares solve when there is one.
         seen_delta = sig.residual if sig.solved is None else sig.solved
+        affine, shading = fit_hypothesis_maps(
+            s.colors, seen_delta, sig.in_mask_weight * sig.support, normals, sig.affine,
+            sig.shading,
+        )  # fmt: skip
         cand, stats, bins = edit_hypotheses(
             s.colors,
             seen_delta,
@@ -265,24 +299,43 @@ class Stage2Editor(nn.Module):
             sig.support,
             sig.total_weight(),
             normals,
-            affine=sig.affine,
-            shading=sig.shading,
+            affine=affine,
+            shading=shading,
         )
         per_gauss = torch.cat([sig.as_features(), cand.flatten(1), bins], -1)
-        return cand, stats, per_gauss, normals
+        w = sig.in_mask_weight * sig.support
+        band = band_map(s.colors, cand[:, 1], seen_delta, w)
+        rest = hypothesis_rest_maps(band, shading_factor(shading, normals), normals)
+        return cand, stats, per_gauss, normals, rest
+
+    def _walk(self, s: EditSample, cand, per_gauss, normals) -> torch.Tensor:
+        """The learned propagation's per-Gaussian channels [N, prop_channels]."""
+        graph = s.latent.graph
+        if graph is None:
+            raise ValueError("this editor propagates over the asset's graph: the latent has none")
+        sig = s.signals
+        seen_delta = cand[:, 0]
+        agree = (cand[:, 1:] - seen_delta[:, None]).abs().amax(-1)  # [N, 2]
+        hint = F.one_hot(torch.tensor(EDIT_HINTS.index(s.hint)), len(EDIT_HINTS)).to(cand)
+        seed_in = torch.cat([per_gauss, agree, hint.expand(cand.shape[0], -1)], -1)
+        nodes = torch.cat([s.latent.gauss_feat, s.colors, normals, graph.attrs.to(cand)], -1)
+        return self.propagation(
+            graph, nodes, seed_in, sig.in_mask_weight, normals, s.colors.detach()
+        )
 
     def forward(
         self, samples: list[EditSample], state: list[FastWeights]
     ) -> tuple[list[dict[str, torch.Tensor]], list[FastWeights]]:
         """Predict per-Gaussian deltas for each sample; returns (deltas, new state).
 
-        deltas[b]: "rgb" [N, 3] colour delta, "sh_dc" [N, 3] (= rgb / C0), "gate" [N] (the
+        deltas[b]: "rgb" [N, 3] colour delta, "sh_dc" [N, 3] (= rgb / C0), "rest_map" [N, 3, 3]
+        (the higher SH bands' colour map, see methods.apply_color_delta), "gate" [N] (the
         effective edit weight E * sigmoid(gate)), "mix" [N, NUM_HYPOTHESES], "evidence" [].
         """
         c = self.config
         inputs = [self._gaussian_inputs(s) for s in samples]
         vtok = []
-        for s, (_, stats, per_gauss, _) in zip(samples, inputs, strict=True):
+        for s, (_, stats, per_gauss, _, _) in zip(samples, inputs, strict=True):
             vox = s.latent.vox
             sig = segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels)
             pos = fourier_encode(vox.voxel_centers() * 2.0, c.fourier_freqs)
@@ -314,24 +367,24 @@ class Stage2Editor(nn.Module):
             new_state.append(st)
         x = self.norm_out(x)
         out = []
-        for b, (s, (cand, stats, per_gauss, normals)) in enumerate(
+        for b, (s, (cand, stats, per_gauss, normals, rest)) in enumerate(
             zip(samples, inputs, strict=True)
         ):
             vox = s.latent.vox
             n = s.colors.shape[0]
             hint = F.one_hot(torch.tensor(EDIT_HINTS.index(s.hint)), len(EDIT_HINTS)).to(x)
-            z = torch.cat(
-                [
-                    x[b, vox.gauss_voxel],
-                    s.latent.gauss_feat,
-                    s.colors,
-                    normals,
-                    per_gauss,
-                    stats.expand(n, -1),
-                    hint.expand(n, -1),
-                ],
-                dim=-1,
-            )
+            parts = [
+                x[b, vox.gauss_voxel],
+                s.latent.gauss_feat,
+                s.colors,
+                normals,
+                per_gauss,
+                stats.expand(n, -1),
+                hint.expand(n, -1),
+            ]
+            if self.propagation is not None:
+                parts.append(self._walk(s, cand, per_gauss, normals))
+            z = torch.cat(parts, dim=-1)
             y = self.head(z)
             evidence = s.signals.evidence(c.evidence_tau).to(y.dtype)
             # Edit weights below gate_floor are exactly zero: where the network is confident a
@@ -351,9 +404,14 @@ class Stage2Editor(nn.Module):
             mix = torch.softmax(logits, -1)
             corr = c.correction_scale * torch.tanh(y[:, 1 + NUM_HYPOTHESES :])
             rgb = gate[:, None] * ((mix[..., None] * cand).sum(1) + corr)
+            # The view-dependent bands follow the chosen hypotheses' maps (identity: unchanged).
+            eye = torch.eye(3, dtype=rgb.dtype, device=rgb.device)
+            mixed = (mix[..., None, None] * rest).sum(1)
+            rest_map = eye + gate[:, None, None] * (mixed - eye)
             out.append(
-                {"rgb": rgb, "sh_dc": rgb / SH_C0, "gate": gate, "mix": mix, "evidence": evidence}
-            )
+                {"rgb": rgb, "sh_dc": rgb / SH_C0, "rest_map": rest_map, "gate": gate,
+                 "mix": mix, "evidence": evidence}
+            )  # fmt: skip
         return out, new_state
 
 

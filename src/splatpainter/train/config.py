@@ -12,7 +12,8 @@ An optional array of `[[phase]]` tables makes the config a curriculum trained by
 each phase overrides keys of the tables as resolved for the phase before it (its `data`, `optim`,
 `loss` and the signal settings of `stage2`) and starts from that phase's weights with a fresh
 optimiser and LR schedule.  Only the signal settings may change between phases, so the
-architecture, and the weights, carry through:
+architecture, and the weights, carry through; the one exception is `propagate`, which grows the
+editor by its propagation module (new weights start where the previous function is unchanged):
 
     [[phase]]
     name = "base"
@@ -56,6 +57,8 @@ class DataConfig:
     min_edits: int = 1
     max_edits: int = 3
     kinds: tuple[str, ...] = ("paint", "recolor", "global", "relight", "detail")
+    # edit-data suites (train/data.py SUITES); sequence i is drawn from suites[i % len]
+    suites: tuple[str, ...] = ("procedural",)
     max_views: int = 3
     view_size: int = 128
     num_heldout: int = 4
@@ -77,11 +80,15 @@ class DataConfig:
             raise ConfigError("data.num_sequences must be >= 1")
         if not 0 <= self.loss_views <= self.num_heldout:
             raise ConfigError("data.loss_views must be in [0, data.num_heldout]")
-        self.sequence_spec()  # validates kinds and sizes
+        if not self.suites:
+            raise ConfigError("data.suites must name at least one suite")
+        for suite in dict.fromkeys(self.suites):
+            self.sequence_spec(suite)  # validates kinds, sizes and suite names
 
-    def sequence_spec(self) -> SequenceSpec:
+    def sequence_spec(self, suite: str = "procedural") -> SequenceSpec:
         try:
             return SequenceSpec(
+                suite=suite,
                 min_gaussians=self.min_gaussians,
                 max_gaussians=self.max_gaussians,
                 min_edits=self.min_edits,
@@ -151,7 +158,9 @@ class TrainConfig:
 
 
 # Stage II keys a phase may change: how the signals are computed, not the architecture.
-PHASE_STAGE2_KEYS = ("solve_iters", "solve_prior_px", "fit_maps")
+# `propagate` may be switched on by a phase: it grows the editor by the propagation module,
+# whose new weights start at their initialisation (see loop.grow_state).
+PHASE_STAGE2_KEYS = ("solve_iters", "solve_prior_px", "fit_maps", "propagate")
 PHASE_KEYS = ("name", "data", "optim", "loss", "stage2")
 
 

@@ -34,10 +34,9 @@ from splatpainter.train.data import (
     HINT_OF_KIND,
     SequenceSpec,
     make_sequence,
-    with_base_colors,
 )
 
-EXAMPLE_VERSION = 2  # 2: signals carry the least-squares solve
+EXAMPLE_VERSION = 3  # 2: signals carry the least-squares solve; 3: SH rest, graph, suites
 
 
 def _render_rgb(asset: GaussianAsset, cams: list[Camera]) -> torch.Tensor:
@@ -53,8 +52,11 @@ def build_example(
     stage1: Stage1Config,
     loss_view_size: int,
     settings: SignalSettings = SignalSettings(),
+    graph: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """Everything a training step needs for one sequence, as plain tensors and dicts."""
+    """Everything a training step needs for one sequence, as plain tensors and dicts.
+
+    graph: (k, anchors) of the k-NN graph a propagating editor walks (model/propagate.py)."""
     from splatpainter.edit.methods import build_edit_sample
     from splatpainter.model.stage1 import Stage1Latent, asset_normals, voxelize
 
@@ -69,7 +71,7 @@ def build_example(
     before = seq.source
     before_loss = _render_rgb(before, loss_cams)
     steps = []
-    for step in seq.steps:
+    for k, step in enumerate(seq.steps):
         sample = build_edit_sample(
             before,
             step.views,
@@ -77,7 +79,7 @@ def build_example(
             settings=settings,
             fit_maps=COLOR_MAPS if settings.fit_maps else (),  # a step's hint picks later
         )
-        gt = with_base_colors(seq.source, step.colors)
+        gt = seq.asset_at(k)
         edit_cam = step.views[0].camera.resized(loss_view_size, loss_view_size)
         gt_loss = _render_rgb(gt, [*loss_cams, edit_cam])
         before_edit = _render_rgb(before, [edit_cam])
@@ -87,6 +89,9 @@ def build_example(
                 "hint": HINT_OF_KIND[step.kind],
                 "colors_in": sample.colors,
                 "colors_gt": step.colors,
+                # the view-dependent bands before and after (empty at SH degree 0)
+                "rest_in": before.sh[:, 1:, :].to(torch.float16),
+                "rest_gt": gt.sh[:, 1:, :].to(torch.float16),
                 "changed": step.changed,
                 "views": [v.to(torch.float16) for v in sample.views],
                 "signals": {
@@ -109,9 +114,16 @@ def build_example(
         )
         before = gt
         before_loss = gt_loss[:-1]
+    if graph is not None:
+        from splatpainter.model.propagate import build_graph
+
+        graph_dict = build_graph(seq.source, *graph).to_dict()
+    else:
+        graph_dict = None
     return {
         "version": EXAMPLE_VERSION,
         "seed": int(seed),
+        "graph": graph_dict,
         "source": {k: v.contiguous() for k, v in seq.source.tensors().items()},
         "pre": {
             "rgb": pre.rgb.to(torch.float16),
@@ -159,6 +171,7 @@ def cache_key(
     stage1: Stage1Config,
     loss_view_size: int,
     settings: SignalSettings = SignalSettings(),
+    graph: tuple[int, int] | None = None,
 ) -> str:
     """Examples depend on the data spec, the preprocessing settings, the loss view size and
     the settings behind the signals (solve steps and prior, pixel-fitted colour maps)."""
@@ -166,6 +179,7 @@ def cache_key(
         **({"solve_iters": settings.solve_iters} if settings.solve_iters else {}),
         **({"solve_prior_px": settings.solve_prior_px} if settings.solve_prior_px else {}),
         **({"fit_maps": True} if settings.fit_maps else {}),
+        **({"graph": list(graph)} if graph is not None else {}),
         "version": EXAMPLE_VERSION,
         "spec": asdict(spec),
         "grid": stage1.grid_size,
@@ -176,7 +190,7 @@ def cache_key(
 
 
 def _build_one(args: tuple) -> int:
-    seed, spec, stage1, loss_view_size, settings, path = args
+    seed, spec, stage1, loss_view_size, settings, graph, path = args
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # The workers are the parallelism: one thread each for torch and the numba renderer (two
     # workers of two renderer threads on 2 cores built examples 4-5x slower).
@@ -186,7 +200,7 @@ def _build_one(args: tuple) -> int:
     numba.set_num_threads(1)
     from appshell.atomic import atomic_write_with
 
-    ex = build_example(seed, spec, stage1, loss_view_size, settings)
+    ex = build_example(seed, spec, stage1, loss_view_size, settings, graph)
     atomic_write_with(path, lambda f: torch.save(ex, f))
     return seed
 
@@ -199,15 +213,18 @@ def ensure_cache(
     cache_dir: str | os.PathLike[str],
     *,
     settings: SignalSettings = SignalSettings(),
+    graph: tuple[int, int] | None = None,
     workers: int = 2,
     progress=None,
 ) -> dict[int, Path]:
     """Build missing examples (in `workers` spawned processes) and return seed -> file."""
-    root = Path(cache_dir) / cache_key(spec, stage1, loss_view_size, settings)
+    root = Path(cache_dir) / cache_key(spec, stage1, loss_view_size, settings, graph)
     root.mkdir(parents=True, exist_ok=True)
     paths = {s: root / f"{s}.pt" for s in seeds}
     todo = [
-        (s, spec, stage1, loss_view_size, settings, p) for s, p in paths.items() if not p.exists()
+        (s, spec, stage1, loss_view_size, settings, graph, p)
+        for s, p in paths.items()
+        if not p.exists()
     ]
     if todo:
         if workers <= 1:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from appshell.atomic import atomic_write_with
+from splatpainter.assets.gaussians import map_sh_bands, rgb_to_sh_dc
 from splatpainter.camera import Camera
 from splatpainter.model.editor import (
     TRAIN_CHECKPOINT_FORMAT,
@@ -36,8 +37,8 @@ from splatpainter.model.editor import (
     load_weights,
     save_weights,
 )
+from splatpainter.model.propagate import SplatGraph
 from splatpainter.train.config import ConfigError, TrainConfig
-from splatpainter.train.data import with_base_colors
 from splatpainter.train.examples import (
     ensure_cache,
     example_preprocess,
@@ -92,6 +93,8 @@ def sequence_loss(
     lc = cfg.loss
     source = example_source(ex)
     latent = model.stage1([source], [example_preprocess(ex)])[0]
+    if ex.get("graph") is not None:
+        latent.graph = SplatGraph.from_dict(ex["graph"])
     state = model.stage2.init_state(1)
     opac = torch.sigmoid(source.opacity_logits)
     total = source.means.new_zeros(())
@@ -102,7 +105,12 @@ def sequence_loss(
         sample = example_sample(step, latent, "auto" if auto else step["hint"])
         deltas, state = model.stage2([sample], state)
         pred = step["colors_in"] + deltas[0]["rgb"]
-        err = ((pred - step["colors_gt"]) ** 2).mean(-1) * opac
+        err = ((pred - step["colors_gt"]) ** 2).mean(-1)
+        rest_in = step["rest_in"].float()
+        rest_pred = map_sh_bands(rest_in, deltas[0]["rest_map"])
+        if rest_in.shape[1]:  # the view-dependent bands count as much as the base colour
+            err = err + ((rest_pred - step["rest_gt"].float()) ** 2).mean((1, 2))
+        err = err * opac
         changed = step["changed"]
         g_c = _masked_mean(err, changed)
         g_u = _masked_mean(err, ~changed)
@@ -110,7 +118,7 @@ def sequence_loss(
         cams = step["loss_cameras"]
         k = len(cams) - 1
         pick = [*torch.randperm(k, generator=gen)[: cfg.data.loss_views].tolist(), k]
-        asset = with_base_colors(source, pred)
+        asset = source.replace(sh=torch.cat([rgb_to_sh_dc(pred)[:, None], rest_pred], 1))
         r_c = r_u = source.means.new_zeros(())
         for i in pick:
             rgb = render(asset, Camera.from_dict(cams[i])).rgb
@@ -132,6 +140,31 @@ def sequence_loss(
         for name, v in zip(parts, (g_c, g_u, r_c, r_u), strict=True):
             parts[name] += float(v.detach())
     return total, parts
+
+
+def grow_state(source: EditorModel, model: EditorModel, where: str) -> dict[str, torch.Tensor]:
+    """`model`'s state dict with `source`'s weights where they fit: a model that grew by the
+    propagation module keeps that module's initial weights, and the heads' first layer keeps
+    the source's columns with zeros for the inputs it gained (appended last), so the grown
+    model starts as exactly the source's function.  Anything else is a ConfigError."""
+    own = model.state_dict()
+    theirs = source.state_dict()
+    grown = model.config.stage2.propagate and not source.config.stage2.propagate
+    out = {}
+    for k, v in own.items():
+        w = theirs.get(k)
+        if w is not None and w.shape == v.shape:
+            out[k] = w
+        elif grown and k.startswith("stage2.propagation."):
+            out[k] = v
+        elif grown and k == "stage2.head.fc1.weight" and w is not None and w.shape[1] < v.shape[1]:
+            out[k] = torch.cat([w, w.new_zeros(w.shape[0], v.shape[1] - w.shape[1])], 1)
+        else:
+            raise ConfigError(f"optim.init_from {where}: weights of another architecture ({k})")
+    extra = sorted(set(theirs) - set(own))
+    if extra:
+        raise ConfigError(f"optim.init_from {where}: weights of another architecture ({extra[0]})")
+    return out
 
 
 def _example_order(cfg: TrainConfig, step: int) -> int:
@@ -200,6 +233,8 @@ def train(
     on_cache: Callable[[int, int], None] | None = None,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     on_phase: Callable[[int, str], None] | None = None,
+    from_phase: str | None = None,
+    init: str | os.PathLike[str] | None = None,
 ) -> EditorModel:
     """Train (or resume) and write checkpoint, JSONL log, loss curve and final safetensors.
 
@@ -207,13 +242,27 @@ def train(
     interrupted run would; `resume=True` then continues it exactly.  A config with phases trains
     each in OUT/<i>-<name>/ from the weights of the one before, steps counted over all phases,
     and writes the last phase's weights, the joined log and curve to OUT.
+
+    from_phase / init: start the curriculum at the phase of that name from the weights `init`
+    (what the phases before it produced, trained elsewhere); the earlier phases are skipped and
+    their steps still counted.
     """
     out = Path(out_dir)
+    names = [p.name for p in cfg.phases]
+    if from_phase is not None and from_phase not in names:
+        raise ConfigError(f"no phase named {from_phase!r}; the config has {names}")
+    if (from_phase is None) != (init is None):
+        raise ConfigError("starting at a later phase needs both the phase and its initial weights")
     if not cfg.phases:
         return _train_run(cfg, out, None, resume, stop_after, on_cache, on_step)
-    offset, init, rows, starts = 0, None, [], []
+    first = names.index(from_phase) if from_phase is not None else 0
+    offset = sum(p.config.optim.steps for p in cfg.phases[:first])
+    init = Path(init) if init is not None else None
+    rows, starts = [], []
     model = None
     for i, phase in enumerate(cfg.phases):
+        if i < first:
+            continue
         sub = out / f"{i + 1}-{phase.name}"
         if on_phase:
             on_phase(i, phase.name)
@@ -238,7 +287,7 @@ def train(
     text = "".join(json.dumps(r) + "\n" for r in rows)
     atomic_write_with(out / LOG, lambda f: f.write(text.encode()))
     plot_curve(rows, out / CURVE, tuple(starts[1:]))
-    phases = ",".join(p.name for p in cfg.phases)
+    phases = ",".join(p.name for p in cfg.phases[first:])
     save_weights(model, out / WEIGHTS, trained="true", steps=str(offset), phases=phases)
     return model
 
@@ -260,11 +309,7 @@ def _train_run(
     model = EditorModel.initial(cfg.model, seed=o.seed).train()
     init = str(init_weights) if init_weights is not None else o.init_from
     if init:
-        state = load_weights(init).state_dict()
-        own = model.state_dict()
-        if state.keys() != own.keys() or any(state[k].shape != v.shape for k, v in own.items()):
-            raise ConfigError(f"optim.init_from {init}: weights of another architecture")
-        model.load_state_dict(state)
+        model.load_state_dict(grow_state(load_weights(init), model, init))
     opt = make_optimizer(model, cfg)
     start = 0
     log_path = out / LOG
@@ -292,16 +337,23 @@ def _train_run(
             if on_cache:
                 on_cache(done[0], len(seeds))
 
-        paths = ensure_cache(
-            seeds,
-            cfg.data.sequence_spec(),
-            cfg.model.stage1,
-            cfg.data.loss_view_size,
-            cfg.data.cache_dir,
-            settings=cfg.model.stage2.signal_settings(),
-            workers=cfg.data.workers,
-            progress=tick,
-        )
+        s2 = cfg.model.stage2
+        suites = cfg.data.suites
+        for j, suite in enumerate(suites):
+            if suite in suites[:j]:
+                continue  # one cache per suite; sequence i belongs to suites[i % len]
+            mine = [s for i, s in enumerate(seeds) if suites[i % len(suites)] == suite]
+            paths |= ensure_cache(
+                mine,
+                cfg.data.sequence_spec(suite),
+                cfg.model.stage1,
+                cfg.data.loss_view_size,
+                cfg.data.cache_dir,
+                settings=s2.signal_settings(),
+                graph=(s2.prop_k, s2.prop_anchors) if s2.propagate else None,
+                workers=cfg.data.workers,
+                progress=tick,
+            )
     params = [p for g in opt.param_groups for p in g["params"]]
     t0 = time.perf_counter()
     for step in range(start, end):
