@@ -151,9 +151,11 @@ def test_convert_ply_keeps_extras(tmp_path):
 def test_cli_choices_match_the_library():
     """The enums --help lists are the names the library accepts (declared once per concept)."""
     from splatpainter.cli.options import EditKind, EditMethod, EvalHint
-    from splatpainter.eval.suite import HINT_MODES, METHODS
+    from splatpainter.eval.suite import ABLATIONS, HINT_MODES, METHODS
     from splatpainter.model.stage2 import EDIT_HINTS
 
     assert [k.value for k in EditKind] == list(EDIT_HINTS)
-    assert {m.value for m in EditMethod} == set(METHODS)
+    # evaluate also names its ablations and the no-learning rules, which `edit` does not offer
+    eval_only = {*ABLATIONS, "rule", "diffusion"}
+    assert {m.value for m in EditMethod} == set(METHODS) - eval_only
     assert [h.value for h in EvalHint] == list(HINT_MODES)

@@ -13,6 +13,8 @@ from splatpainter.cli import app
 from splatpainter.edit.methods import EditMethod
 from splatpainter.eval import metrics as M
 from splatpainter.eval.suite import (
+    ABLATIONS,
+    DEFAULT_METHODS,
     EVAL_SEED_LIMIT,
     METRICS,
     PSNR_CAP_DB,
@@ -25,10 +27,11 @@ from splatpainter.eval.suite import (
     evaluate_forgetting,
     parse_names,
     parse_seeds,
+    run_suite,
 )
 from splatpainter.model import EditorConfig, EditorModel, Stage1Config, Stage2Config
 from splatpainter.model.editor import save_weights
-from splatpainter.train.data import KINDS, make_sequence
+from splatpainter.train.data import KINDS, SUITES, make_sequence
 
 TINY = ["--gaussians", "1000-1000", "--view-size", "32", "--heldout", "2", "--seeds", "0-0"]
 
@@ -219,12 +222,47 @@ def _tiny_model() -> EditorModel:
 
 @pytest.mark.parametrize(("mode", "hint"), [("kind", "recolor"), ("auto", "auto")])
 def test_model_gets_the_kind_hint(mode, hint):
-    cfg = _tiny_config(methods=("model",))
+    cfg = _tiny_config(methods=("model", "rule", "model_kind", "model_init"))
     seq = make_sequence(2, cfg.edit_spec("global"))
-    methods = build_methods(cfg, _tiny_model())
+    model = _tiny_model()
+    methods = build_methods(cfg, model)
     scores, _, _ = evaluate_edit(seq, methods, hint_mode=mode)
-    assert methods["model"].kind == hint
+    assert methods["model"].kind == hint and methods["rule"].kind == hint
+    assert methods["model_kind"].kind == "recolor"  # the ablation is always told the kind
+    assert methods["model_init"].kind == "auto"
+    assert methods["model_kind"].model is model
+    init = methods["model_init"].model
+    assert init.weights_fingerprint() == EditorModel.initial(model.config).weights_fingerprint()
     assert scores["model"]["seconds_per_edit"] > 0
+
+
+def test_run_suite_has_a_section_per_suite_and_lists_the_ablations():
+    cfg = _tiny_config(
+        seeds=(0,),
+        suites=SUITES,
+        kinds=("recolor",),
+        methods=("backproject", "rule", "diffusion", "model_kind", "model_init"),
+        forgetting=False,
+        grid_rows=1,
+    )
+    seen = []
+    result = run_suite(cfg, _tiny_model(), lambda desc, n: seen.append((desc, n)))
+    rep = result.report
+    assert rep["schema"] == SCHEMA and list(rep["suites"]) == list(SUITES)
+    assert rep["ablations"] == list(ABLATIONS)
+    assert rep["baselines"] == ["backproject", "rule", "diffusion"]
+    assert rep["roles"]["none"] == "reference" and rep["roles"]["model_init"] == "ablation"
+    # the tiny model is itself a seeded initialisation, so model_init has its very weights
+    assert rep["model"]["init_fingerprint"] == rep["model"]["fingerprint"]
+    for suite in SUITES:
+        section = rep["suites"][suite]
+        assert list(section["kinds"]) == ["recolor"] and section["forgetting"] is None
+        assert list(section["kinds"]["recolor"]["methods"]) == ["none", *cfg.methods]
+        assert (f"{suite} recolor seed 0", 1) in seen
+    assert {r["suite"] for r in rep["per_seed"]} == set(SUITES)
+    assert len(rep["per_seed"]) == len(SUITES) * (1 + len(cfg.methods))
+    assert set(result.grids) == set(SUITES)
+    assert sum(n for _, n in seen) == cfg.num_units() == len(SUITES)
 
 
 # ------------------------------------------------------------------------------ the CLI
@@ -232,53 +270,63 @@ def run(*args):
     return CliRunner().invoke(app, ["evaluate", *map(str, args)])
 
 
-def check_schema(report: dict, methods: list[str], kinds: list[str], forgetting: bool) -> None:
-    assert report["schema"] == SCHEMA and report["suite"] == "procedural"
+def check_schema(
+    report: dict, methods: list[str], kinds: list[str], forgetting: bool, suites=("procedural",)
+) -> None:
+    assert report["schema"] == SCHEMA
     cfg = report["config"]
     assert cfg["methods"] == ["none", *methods] and cfg["kinds"] == kinds
+    assert cfg["suites"] == list(suites) and list(report["suites"]) == list(suites)
     for key in ("seeds", "min_gaussians", "max_gaussians", "view_size", "num_heldout",
                 "optimize_steps", "hint", "forgetting", "forgetting_edits", "psnr_cap_db",
                 "changed_threshold", "unseen_weight"):  # fmt: skip
         assert key in cfg
-    assert set(report["kinds"]) == set(kinds)
-    for k in report["kinds"].values():
-        assert k["seeds"] == len(cfg["seeds"])
-        for key in ("changed_gaussians", "unseen_changed_fraction", "changed_pixel_fraction"):
-            assert k[key] is None or isinstance(k[key], float)
-        assert list(k["methods"]) == cfg["methods"]
-        for m in k["methods"].values():
-            assert set(m) == set(METRICS)
-            assert all(v is None or isinstance(v, float) for v in m.values())
-        assert isinstance(k["methods"]["none"]["psnr_changed"], float)
-        assert k["methods"]["none"]["seconds_per_edit"] >= 0
-    if forgetting:
-        f = report["forgetting"]
-        assert f["seeds"] == len(cfg["seeds"]) and f["edits"] == 5
-        assert list(f["methods"]) == cfg["methods"]
-        for m in f["methods"].values():
-            assert set(m) == {"psnr_after_first", "psnr_after_last", "drop", "seconds_per_edit",
-                              "region_kept_fraction"}  # fmt: skip
-    else:
-        assert report["forgetting"] is None
+    assert set(report["roles"]) == set(cfg["methods"])
+    assert report["ablations"] == [m for m in cfg["methods"] if m in ABLATIONS]
+    assert report["baselines"] == [m for m in cfg["methods"] if report["roles"][m] == "baseline"]
+    for section in report["suites"].values():
+        assert set(section["kinds"]) == set(kinds)
+        for k in section["kinds"].values():
+            assert k["seeds"] == len(cfg["seeds"])
+            for key in ("changed_gaussians", "unseen_changed_fraction", "changed_pixel_fraction",
+                        "bleed_pixel_fraction"):  # fmt: skip
+                assert k[key] is None or isinstance(k[key], float)
+            assert list(k["methods"]) == cfg["methods"]
+            for m in k["methods"].values():
+                assert set(m) == set(METRICS)
+                assert all(v is None or isinstance(v, float) for v in m.values())
+            assert isinstance(k["methods"]["none"]["psnr_changed"], float)
+            assert k["methods"]["none"]["seconds_per_edit"] >= 0
+        if forgetting:
+            f = section["forgetting"]
+            assert f["seeds"] == len(cfg["seeds"]) and f["edits"] == 5
+            assert list(f["methods"]) == cfg["methods"]
+            for m in f["methods"].values():
+                assert set(m) == {"psnr_after_first", "psnr_after_last", "drop",
+                                  "seconds_per_edit", "region_kept_fraction"}  # fmt: skip
+        else:
+            assert section["forgetting"] is None
     rows = report["per_seed"]
-    assert len(rows) == len(kinds) * len(cfg["seeds"]) * len(cfg["methods"])
-    assert all(set(r) == {"kind", "seed", "method", *METRICS} for r in rows)
-    assert set(report["grids"]) == set(kinds)
+    assert len(rows) == len(suites) * len(kinds) * len(cfg["seeds"]) * len(cfg["methods"])
+    assert all(set(r) == {"suite", "kind", "seed", "method", *METRICS} for r in rows)
+    assert set(report["grids"]) == set(suites)
+    assert all(set(g) == set(kinds) for g in report["grids"].values())
 
 
 def test_evaluate_json_schema_backproject(tmp_path, monkeypatch):
     monkeypatch.setenv("APPSHELL_PROGRESS_EVERY", "0")  # not a terminal: a line per update
     r = run(*TINY, "--methods", "backproject", "--kinds", "paint,global", "--json",
-            "--out", tmp_path)  # fmt: skip
+            "--suites", "procedural", "--out", tmp_path)  # fmt: skip
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert "forgetting seed 0: 3/3 (100%)" in r.stderr, r.stderr  # 2 kinds + forgetting
     check_schema(report, ["backproject"], ["paint", "global"], forgetting=True)
-    assert report["model"] is None
+    assert report["model"] is None and report["ablations"] == []
+    assert report["config"]["hint"] == "auto"  # as users run it
     # backprojection improves on doing nothing where the edit view sees the change
-    paint = report["kinds"]["paint"]["methods"]
+    paint = report["suites"]["procedural"]["kinds"]["paint"]["methods"]
     assert paint["backproject"]["psnr_changed"] > paint["none"]["psnr_changed"]
-    for path in report["grids"].values():
+    for path in report["grids"]["procedural"].values():
         with Image.open(path) as im:
             assert im.format == "PNG"
             assert im.size[0] == 4 * 32 + 3 * 2  # edit input, GT, none, backproject
@@ -289,15 +337,32 @@ def test_evaluate_model_with_untrained_weights(tmp_path):
     w = tmp_path / "untrained.safetensors"
     save_weights(_tiny_model(), w)
     r = run(*TINY, "--methods", "model", "--kinds", "recolor", "--no-forgetting", "--json",
-            "--weights", w, "--hint", "auto", "--out", tmp_path / "o")  # fmt: skip
+            "--weights", w, "--hint", "kind", "--suite", "procedural",
+            "--out", tmp_path / "o")  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "untrained" in r.stderr
     report = json.loads(r.stdout)
     check_schema(report, ["model"], ["recolor"], forgetting=False)
     assert report["model"]["trained"] is False and report["model"]["weights"] == str(w)
-    assert report["config"]["hint"] == "auto"
-    m = report["kinds"]["recolor"]["methods"]["model"]
+    assert report["config"]["hint"] == "kind"
+    m = report["suites"]["procedural"]["kinds"]["recolor"]["methods"]["model"]
     assert m["psnr_changed"] is not None and m["seconds_per_edit"] > 0
+
+
+def test_evaluate_json_lists_every_suite_baseline_and_ablation(tmp_path):
+    """The defaults: all three suites, and every default method (the editor, the baselines,
+    the ablations flagged as such)."""
+    w = tmp_path / "untrained.safetensors"
+    save_weights(_tiny_model(), w)
+    r = run(*TINY, "--kinds", "recolor", "--no-forgetting", "--json", "--weights", w,
+            "--out", tmp_path / "o")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    check_schema(report, list(DEFAULT_METHODS), ["recolor"], forgetting=False, suites=SUITES)
+    assert report["ablations"] == ["model_kind", "model_init"]
+    assert report["baselines"] == ["backproject", "rule", "diffusion"]
+    assert report["roles"]["model"] == "method"
+    assert report["model"]["init_fingerprint"] is not None
 
 
 def test_evaluate_prints_a_table(tmp_path):
@@ -305,7 +370,10 @@ def test_evaluate_prints_a_table(tmp_path):
             "--out", tmp_path)  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "recolor" in r.stdout and "backproject" in r.stdout and "PSNR chg" in r.stdout
-    assert (tmp_path / "grid_recolor.png").exists()
+    assert "bleed dB" in r.stdout
+    for suite in SUITES:
+        assert f"{suite} suite" in r.stdout
+        assert (tmp_path / f"grid_{suite}_recolor.png").exists()
 
 
 @pytest.mark.parametrize(
@@ -314,10 +382,13 @@ def test_evaluate_prints_a_table(tmp_path):
         (["--methods", "backproject,nerf"], "--methods: unknown 'nerf'"),
         (["--kinds", "paint,sculpt"], "--kinds: unknown 'sculpt'"),
         (["--seeds", f"0-{EVAL_SEED_LIMIT}"], "training seed"),
-        (["--suite", "mipnerf360"], "unknown suite 'mipnerf360'"),
+        (["--suites", "procedural,mipnerf360"], "--suites: unknown 'mipnerf360'"),
+        (["--suite", "mipnerf360"], "--suites: unknown 'mipnerf360'"),
+        (["--methods", "rule,model_kinds"], "--methods: unknown 'model_kinds'"),
         (["--hint", "guess"], "'guess' is not one of 'kind', 'auto'"),
         (["--gaussians", "lots"], "--gaussians: expected MIN-MAX"),
         (["--methods", "backproject", "--weights", "w.safetensors"], "--weights only applies"),
+        (["--methods", "rule,diffusion", "--weights", "w.safetensors"], "--weights only applies"),
     ],
 )
 def test_bad_input_is_a_one_line_error(args, message, tmp_path):

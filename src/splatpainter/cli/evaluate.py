@@ -1,8 +1,9 @@
-"""`splatpainter evaluate [--suite procedural] [--seeds A-B] [--methods ...] [--json] [--out DIR]`.
+"""`splatpainter evaluate [--suites LIST] [--seeds A-B] [--methods LIST] [--json] [--out DIR]`.
 
-Scores the editing methods against 3D ground truth at held-out views (see
-`splatpainter.eval.suite` for the metrics and the JSON schema), prints a table (or the JSON
-report), and writes a grid PNG per edit kind plus report.json into --out.
+Scores the editor, the baselines and the ablations against 3D ground truth at held-out views,
+per suite and edit kind (see `splatpainter.eval.suite` for the metrics and the JSON schema),
+prints a table per suite (or the JSON report), and writes a grid PNG per suite and edit kind
+plus report.json into --out.
 """
 
 from __future__ import annotations
@@ -33,14 +34,21 @@ def _parse_range(text: str, what: str) -> tuple[int, int]:
 
 @app.command()
 def evaluate(
-    suite: str = typer.Option("procedural", metavar="SUITE", help="evaluation suite (procedural)"),
+    suites: str | None = typer.Option(
+        None,
+        "--suites",
+        "--suite",
+        metavar="LIST",
+        help="comma list of procedural, distractor, capture (default: all three)",
+    ),
     seeds: str = typer.Option(
         "0-7", metavar="SEEDS", help="evaluation seeds: A-B, A or a comma list (< 100000)"
     ),
     methods: str = typer.Option(
-        "model,backproject,optimize",
+        "model,backproject,rule,diffusion,model_kind,model_init",
         metavar="LIST",
-        help="comma list of model, backproject, optimize",
+        help="comma list of model, backproject, optimize (slow), rule, diffusion, and the "
+        "ablations model_kind (told the true kind), model_init (no learned weights)",
     ),
     kinds: str = typer.Option(
         "paint,recolor,global,relight,detail", metavar="LIST", help="comma list of edit kinds"
@@ -48,10 +56,12 @@ def evaluate(
     as_json: JsonFlag = False,
     out: Path = typer.Option(Path("out/evaluate"), help="folder for grid PNGs and report.json"),
     weights: Path | None = typer.Option(
-        None, help="editor weights for method model (default: the shipped ones)"
+        None, help="editor weights for the model methods (default: the shipped ones)"
     ),
     hint: EvalHint = typer.Option(
-        EvalHint.kind, help="model edit-kind hint: kind (the true one) or auto"
+        EvalHint.auto,
+        help="edit-kind hint of model, rule and diffusion: auto (inferred, as users run it) "
+        "or kind (the true one)",
     ),
     gaussians: str = typer.Option("5000-8000", metavar="MIN-MAX", help="asset size range MIN-MAX"),
     view_size: int = typer.Option(128, help="edit and held-out view size (pixels)"),
@@ -62,9 +72,12 @@ def evaluate(
     ),
     grid_rows: int = typer.Option(3, help="seeds shown in each grid PNG"),
 ) -> None:
-    """Score editing methods on held-out views against 3D ground truth, per edit kind."""
+    """Score the editor, baselines and ablations on held-out views against 3D ground truth,
+    per suite and edit kind."""
     from splatpainter.eval.suite import (
+        DEFAULT_SUITES,
         METHODS,
+        SUITES,
         EvalConfig,
         EvalError,
         parse_names,
@@ -77,7 +90,7 @@ def evaluate(
         seeds=parse_seeds(seeds),
         methods=parse_names(methods, METHODS, "methods"),
         kinds=parse_names(kinds, KINDS, "kinds"),
-        suite=suite,
+        suites=DEFAULT_SUITES if suites is None else parse_names(suites, SUITES, "suites"),
         min_gaussians=lo,
         max_gaussians=hi,
         view_size=view_size,
@@ -87,12 +100,14 @@ def evaluate(
         forgetting=forgetting,
         grid_rows=grid_rows,
     ).validate()
-    if weights is not None and "model" not in config.methods:
-        raise EvalError("--weights only applies when --methods includes model")
+    if weights is not None and not config.needs_model:
+        raise EvalError(
+            "--weights only applies when --methods includes model, model_kind or model_init"
+        )
     check_output_dir(out)  # before the run, not after it
 
     model, label = None, None
-    if "model" in config.methods:
+    if config.needs_model:
         from splatpainter.eval.suite import load_model
 
         model, label = load_model(weights)
@@ -115,8 +130,9 @@ def evaluate(
         console = Console(width=130)
     for table in report_tables(result.report):
         console.print(table)
-    for kind, path in result.report["grids"].items():
-        console.print(f"grid {kind}: {path}")
+    for suite, by_kind in result.report["grids"].items():
+        for kind, path in by_kind.items():
+            console.print(f"grid {suite} {kind}: {path}")
     console.print(f"report: {out / 'report.json'}")
 
 
@@ -134,7 +150,7 @@ def run_with_progress(config, model=None, weights_label: str | None = None):
     from splatpainter.eval.suite import run_suite
 
     with display(
-        TextColumn("{task.description:<24}"),
+        TextColumn("{task.description:<32}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

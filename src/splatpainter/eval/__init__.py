@@ -1,4 +1,4 @@
-"""The evaluation suite behind `splatpainter evaluate`: metrics, the procedural suite, grids."""
+"""The evaluation behind `splatpainter evaluate`: metrics, the suites, grids."""
 
 from splatpainter.eval.grid import GridRow, compose_grid, write_grid
 from splatpainter.eval.metrics import (
@@ -12,6 +12,10 @@ from splatpainter.eval.metrics import (
     ssim_map,
 )
 from splatpainter.eval.suite import (
+    ABLATIONS,
+    BASELINES,
+    DEFAULT_METHODS,
+    DEFAULT_SUITES,
     EVAL_SEED_LIMIT,
     METHODS,
     REFERENCE,
@@ -28,6 +32,10 @@ from splatpainter.eval.suite import (
 )
 
 __all__ = [
+    "ABLATIONS",
+    "BASELINES",
+    "DEFAULT_METHODS",
+    "DEFAULT_SUITES",
     "EVAL_SEED_LIMIT",
     "METHODS",
     "REFERENCE",
