@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -73,9 +74,30 @@ def resolve_output(path: str | os.PathLike[str]) -> Path:
 
 
 def _named(e: OSError, path: str) -> OSError:
-    if e.filename is not None:
-        return e
+    """The error naming the output path: the hidden temp file is ours, not the user's."""
     return type(e)(e.errno, e.strerror or str(e), path)
+
+
+_TEMP_NAME = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")  # mkstemp(prefix=".NAME.", suffix=".tmp")
+
+
+def remove_stale_temps(directory: str | os.PathLike[str], *, recursive: bool = False) -> list[Path]:
+    """Delete the temp files interrupted atomic writes left in `directory` (a killed process
+    cannot clean up); call it at start-up, for a directory only this program writes to.
+    Writes in progress in this process are kept. Returns what was removed."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    with _lock:
+        active = set(_active)
+    found = root.rglob(".*.tmp") if recursive else root.glob(".*.tmp")
+    removed = []
+    for p in found:
+        if _TEMP_NAME.fullmatch(p.name) and os.path.realpath(p) not in active and p.is_file():
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    return removed
 
 
 @contextlib.contextmanager
@@ -219,6 +241,7 @@ __all__ = [
     "atomic_write_with",
     "check_output_dir",
     "check_outputs",
+    "remove_stale_temps",
     "resolve_output",
     "write_all",
 ]

@@ -81,7 +81,10 @@ def dataclass_from_table(
     fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     check_keys(table, fields, name, error)
     hints = typing.get_type_hints(cls)
-    obj = cls(**{k: _coerce(f"{name}.{k}", v, hints[k], error) for k, v in table.items()})
+    values = {k: _coerce(f"{name}.{k}", v, hints[k], error) for k, v in table.items()}
+    # Ranges first: the dataclass's own checks may divide by, or allocate from, these values.
+    _check_values(cls, values, name, error, label)
+    obj = cls(**values)
     check_limits(obj, name, error, label=label)
     return obj
 
@@ -143,11 +146,18 @@ def check_limits(
     label: how the key appears in the message, a format string of `key` (the dotted
     `name.field`), e.g. "config key '{key}'".
     """
-    for f in dataclasses.fields(obj):
+    _check_values(
+        obj, {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, name, error, label
+    )
+
+
+def _check_values(cls: Any, values: dict, name: str, error: type[Exception], label: str) -> None:
+    """Raise `error` for the first of `values` outside its field's `limited` range."""
+    for f in dataclasses.fields(cls):
         lim = f.metadata.get("limits")
-        if lim is None:
+        if lim is None or f.name not in values:
             continue
-        value = getattr(obj, f.name)
+        value = values[f.name]
         why = lim.violation(value)
         if why is not None:
             raise error(f"{label.format(key=f'{name}.{f.name}')}: {why}, got {value!r}")

@@ -107,7 +107,12 @@ def edit(
         with status(f"reading the session {session}"):
             sess = EditSession.load(session, meth)
     else:
-        sess = EditSession(read_asset(asset_path), meth)
+        extras = {}
+        if asset_path.suffix.lower() == ".ply":  # normals etc. come back in the output, as convert
+            from splatpainter.io.ply import read_ply_with_extras
+
+            extras = read_ply_with_extras(asset_path, notes=[])[1]  # notes: given by read_asset
+        sess = EditSession(read_asset(asset_path), meth, extras)
     if sess.asset.num_gaussians == 0:
         raise UserError("the asset has no Gaussians: nothing to edit")
     kernel_warmup()

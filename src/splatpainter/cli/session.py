@@ -90,13 +90,13 @@ def export(
     json_out: JsonFlag = False,
 ) -> None:
     """Write the session's current asset (or entry --index) as .ply or .splat."""
-    from splatpainter.edit.session import StoredSession
+    from splatpainter.edit.session import StoredSession, ply_extras
 
     with status(f"reading {path}"):
         stored = StoredSession.read(path)
         i = stored.index if index is None else index
         asset = stored.asset_at(i)
-    write_asset(asset, out)
+    write_asset(asset, out, **ply_extras(out, stored.extras))
     if json_out:
         print_json({"out": str(out), "index": i, "num_gaussians": asset.num_gaussians})
     else:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from appshell.errors import first_line
@@ -235,6 +236,19 @@ class StoredSession:
     def method(self) -> dict[str, Any]:
         return self.data["method"]
 
+    @property
+    def extras(self) -> dict[str, np.ndarray]:
+        """The source .ply's extra vertex columns the session carries (empty: none)."""
+        raw = self.data.get("extras", {})
+        n = int(self.data["base"]["means"].shape[0])
+        if not isinstance(raw, dict) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
+            raise SessionError(f"{self.path or 'session'}: damaged session file (extras)")
+        arrays = {str(k): v.numpy() for k, v in raw.items()}
+        try:
+            return _check_extras(arrays, n, "extras")
+        except SessionError as e:
+            raise SessionError(f"{self.path or 'session'}: damaged session file ({e})") from None
+
     def asset_dicts(self) -> list[dict[str, torch.Tensor]]:
         """Every entry's asset tensors, rebuilt from the deltas (shared where unchanged)."""
         try:
@@ -303,6 +317,22 @@ class StoredSession:
         atomic_torch_save(self.data, target)
 
 
+def _check_extras(extras: dict[str, Any], n: int, what: str) -> dict[str, np.ndarray]:
+    """extras as 1-D numpy columns of length n (SessionError naming the first that is not)."""
+    out = {}
+    for k, v in extras.items():
+        arr = np.asarray(v)
+        if arr.shape != (n,):
+            raise SessionError(f"{what} column {k!r}: shape {list(arr.shape)}, expected [{n}]")
+        out[k] = arr
+    return out
+
+
+def ply_extras(path: str | os.PathLike[str], extras: dict[str, np.ndarray]) -> dict[str, Any]:
+    """save_asset's keyword for carrying `extras` into `path`: only a .ply has room for them."""
+    return {"extras": extras} if extras and str(path).lower().endswith(".ply") else {}
+
+
 def _upgrade_v1(d: dict[str, Any]) -> dict[str, Any]:
     """Full snapshots per entry -> base + per-step deltas."""
     entries, prev, out = d["entries"], None, []
@@ -319,9 +349,12 @@ def _upgrade_v1(d: dict[str, Any]) -> dict[str, Any]:
 class EditSession:
     """`EditSession(asset, method)`; `apply(views)` -> the updated asset."""
 
-    def __init__(self, asset, method: EditMethod) -> None:
+    def __init__(self, asset, method: EditMethod, extras: dict[str, Any] | None = None) -> None:
+        """extras: the source .ply's other vertex columns (normals, ...), one value per
+        Gaussian; edits keep the Gaussians and their order, so these are written back as read."""
         asset.validate()
         self.method = method
+        self.extras = _check_extras(extras or {}, asset.num_gaussians, "extras")
         self._entries = [HistoryEntry(asset, method.initial_state(asset), [], "load")]
         self._index = 0
 
@@ -441,7 +474,7 @@ class EditSession:
         """Write the current asset (.ply or .splat, atomically)."""
         from splatpainter.io import save_asset
 
-        save_asset(self.asset.detach().to("cpu"), path)
+        save_asset(self.asset.detach().to("cpu"), path, **ply_extras(path, self.extras))
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
@@ -463,7 +496,7 @@ class EditSession:
                 }
             )
             prev_asset, prev_state = asset, state
-        return {
+        out = {
             "format": SESSION_FORMAT,
             "version": SESSION_VERSION,
             "method": m.describe(),
@@ -471,6 +504,12 @@ class EditSession:
             "base": _asset_to_dict(self._entries[0].asset),
             "entries": entries,
         }
+        if self.extras:  # (an optional key: older readers ignore it)
+            out["extras"] = {
+                k: torch.from_numpy(np.ascontiguousarray(v, v.dtype.newbyteorder("=")))
+                for k, v in self.extras.items()
+            }
+        return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
         from splatpainter.model.editor import atomic_torch_save
@@ -490,6 +529,7 @@ class EditSession:
             )
         self = cls.__new__(cls)
         self.method = method
+        self.extras = stored.extras
         self._entries = []
         prev_state: Any = None
         try:

@@ -65,6 +65,8 @@ class EditorConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EditorConfig:
         """Rebuild from asdict(); unknown fields are an error naming them."""
+        if not isinstance(d, dict):
+            raise CheckpointError(f"invalid editor config: expected a table, got {d!r:.60}")
         try:
             s1 = dataclass_from_table(Stage1Config, d.get("stage1", {}), "stage1")
             s2 = dataclass_from_table(Stage2Config, d.get("stage2", {}), "stage2")
@@ -192,13 +194,24 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def check_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
     """Raise CheckpointError naming the first missing/unexpected/mis-shaped parameter."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
+    check_shapes(
+        {k: tuple(v.shape) for k, v in model.state_dict().items()},
+        {k: tuple(v.shape) for k, v in state_dict.items()},
+        source,
+    )
+
+
+def check_shapes(
+    own: dict[str, tuple[int, ...]], theirs: dict[str, tuple[int, ...]], source: str
+) -> None:
+    """check_state_dict on shapes alone: a file's declared shapes can be checked against a
+    model built on the meta device before either is allocated."""
+    missing = [k for k in own if k not in theirs]
+    unexpected = [k for k in theirs if k not in own]
     shapes = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+        f"{k}: checkpoint {theirs[k]} vs model {v}"
         for k, v in own.items()
-        if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)
+        if k in theirs and theirs[k] != v
     ]
     problems = []
     if shapes:
@@ -220,10 +233,22 @@ def check_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], sour
         )
 
 
+def expected_shapes(config: EditorConfig) -> dict[str, tuple[int, ...]]:
+    """The state_dict shapes of the model `config` describes, built on the meta device so
+    nothing is allocated: a file is checked against them before its model is built."""
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in EditorModel(config).state_dict().items()}
+
+
 def load_checkpoint(path: str | os.PathLike[str]) -> EditorModel:
     """Build the model the checkpoint describes and load its weights."""
     payload = read_checkpoint(path)
-    model = EditorModel(EditorConfig.from_dict(payload["config"]))
+    config = EditorConfig.from_dict(payload["config"])
+    state = payload["state_dict"]
+    if not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: checkpoint state_dict holds non-tensors")
+    check_shapes(expected_shapes(config), {k: tuple(v.shape) for k, v in state.items()}, str(path))
+    model = EditorModel(config)
     check_state_dict(model, payload["state_dict"], str(path))
     model.load_state_dict(payload["state_dict"])
     model.trained = bool(payload.get("trained", False))
@@ -282,23 +307,34 @@ def load_weights(path: str | os.PathLike[str]) -> EditorModel:
 
     try:
         with safe_open(str(p), framework="pt") as f:
+            # The config and the declared shapes are checked before any tensor is read or any
+            # model built: a tiny file's metadata can otherwise ask for gigabytes of weights.
             meta = f.metadata() or {}
+            config = _weights_config(meta, p)
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+            check_shapes(expected_shapes(config), shapes, str(p))
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
     except OSError as e:
         raise CheckpointError(f"{p}: cannot read ({e.strerror or e})") from None
     except (SafetensorError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
         raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
-    if meta.get("format") != WEIGHTS_FORMAT or "config" not in meta:
-        raise CheckpointError(f"{p}: not a {WEIGHTS_FORMAT} file (no editor config in metadata)")
-    try:
-        config = EditorConfig.from_dict(loads_json(meta["config"], source="editor config"))
-    except InputFileError as e:
-        raise CheckpointError(f"{p}: {e}") from None
     model = EditorModel(config)
     check_state_dict(model, tensors, str(p))
     model.load_state_dict(tensors)
     model.trained = meta.get("trained", "false") == "true"
     return model.eval()
+
+
+def _weights_config(meta: dict[str, str], p: Path) -> EditorConfig:
+    """The editor config in a weights file's metadata, within the configs' stated limits."""
+    if meta.get("format") != WEIGHTS_FORMAT or "config" not in meta:
+        raise CheckpointError(f"{p}: not a {WEIGHTS_FORMAT} file (no editor config in metadata)")
+    try:
+        return EditorConfig.from_dict(loads_json(meta["config"], source="editor config"))
+    except (InputFileError, CheckpointError) as e:
+        raise CheckpointError(f"{p}: {e}") from None
 
 
 def load_editor(path: str | os.PathLike[str] | None = None) -> EditorModel:

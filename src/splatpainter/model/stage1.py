@@ -30,35 +30,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from appshell.tables import check_limits, limited
 from splatpainter.assets.gaussians import sh_dc_to_rgb
 from splatpainter.model.layers import MLP, TransformerBlock, fourier_encode, segment_mean
 from splatpainter.model.propagate import SplatGraph
 
+MAX_WIDTH = 4096  # the widest layer a config may ask for (memory: MAX_WIDTH**2 per weight)
 MAX_SH_REST = 15  # coefficients beyond DC at degree 3
 ATTR_DIM = 3 + 4 + 3 + 1 + 3 + 3 * MAX_SH_REST
 
 
 @dataclass
 class Stage1Config:
-    """Sizes of the Stage I encoder/decoder."""
+    """Sizes of the Stage I encoder/decoder; each bounded so a file's config cannot ask for
+    more memory than any sensible editor needs."""
 
-    grid_size: int = 20
-    dim: int = 64  # per-Gaussian width inside the local transformer
-    latent_dim: int = 128  # voxel latent width (= Stage II token width)
-    gauss_feat_dim: int = 32
-    num_layers: int = 2
-    num_heads: int = 4
-    fourier_freqs: int = 6
-    max_group: int = 64
+    grid_size: int = limited(20, ge=1, le=256)
+    dim: int = limited(64, ge=1, le=MAX_WIDTH)  # per-Gaussian width inside the local transformer
+    # voxel latent width (= Stage II token width)
+    latent_dim: int = limited(128, ge=1, le=MAX_WIDTH)
+    gauss_feat_dim: int = limited(32, ge=1, le=MAX_WIDTH)
+    num_layers: int = limited(2, ge=0, le=64)
+    num_heads: int = limited(4, ge=1, le=64)
+    fourier_freqs: int = limited(6, ge=0, le=32)
+    max_group: int = limited(64, ge=1, le=MAX_WIDTH)
     neighbor_mix: bool = True
-    image_feat_dim: int = 16
-    num_views: int = 6
-    view_size: int = 64
-    vis_min_weight: float = 0.1  # compositing weight (pixels) for "visible in this view"
+    image_feat_dim: int = limited(16, ge=0, le=MAX_WIDTH)
+    num_views: int = limited(6, ge=0, le=64)
+    view_size: int = limited(64, ge=1, le=1024)
+    # compositing weight (pixels) for "visible in this view"
+    vis_min_weight: float = limited(0.1, ge=0)
     decode_sh_rest: bool = False
     decode_opacity: bool = False
 
     def __post_init__(self) -> None:
+        check_limits(self, "stage1")  # before the checks below divide by these
         if self.grid_size < 1 or self.max_group < 1 or self.num_views < 0:
             raise ValueError("grid_size and max_group must be >= 1, num_views >= 0")
         if self.dim % self.num_heads != 0:

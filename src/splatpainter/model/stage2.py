@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from appshell.tables import check_limits, limited
 from splatpainter.assets.gaussians import SH_C0
 from splatpainter.model.hypotheses import (
     BIN_STATS_DIM,
@@ -50,7 +51,7 @@ from splatpainter.model.hypotheses import (
 )
 from splatpainter.model.layers import MLP, SelfAttention, fourier_encode, segment_mean
 from splatpainter.model.propagate import NODE_ATTRS, Propagation
-from splatpainter.model.stage1 import Stage1Latent
+from splatpainter.model.stage1 import MAX_WIDTH, Stage1Latent
 from splatpainter.model.ttt import FastWeights, TTTConfig, TTTLayer
 
 # Channels of an edit-view pixel: edited rgb, render rgb, residual rgb, Plücker (6), mask.
@@ -85,39 +86,44 @@ def hint_maps(hint: str) -> tuple[str, ...]:
 class Stage2Config:
     """Sizes and options of the Stage II editor."""
 
-    dim: int = 128
-    num_blocks: int = 3
-    num_heads: int = 4
-    mlp_ratio: int = 2
-    ttt_hidden_ratio: int = 2
-    ttt_heads: int = 4
-    ns_steps: int = 5
-    damping: float = 0.0  # TTT anchor damping for long edit sequences (0 = off)
-    patch_size: int = 8
-    fourier_freqs: int = 6
-    head_hidden: int = 64
-    gauss_feat_dim: int = 32  # must match Stage I
-    evidence_tau: float = 0.05  # in-mask weight x |residual| (pixels) at which E saturates
-    correction_scale: float = 0.1  # bound of the free per-Gaussian colour correction
-    gate_floor: float = 0.05  # learned edit weights below this are exactly zero
+    dim: int = limited(128, ge=1, le=MAX_WIDTH)
+    num_blocks: int = limited(3, ge=0, le=64)
+    num_heads: int = limited(4, ge=1, le=64)
+    mlp_ratio: int = limited(2, ge=1, le=16)
+    ttt_hidden_ratio: int = limited(2, ge=1, le=16)
+    ttt_heads: int = limited(4, ge=1, le=64)
+    ns_steps: int = limited(5, ge=0, le=64)
+    # TTT anchor damping for long edit sequences (0 = off)
+    damping: float = limited(0.0, ge=0, lt=1)
+    patch_size: int = limited(8, ge=1, le=256)
+    fourier_freqs: int = limited(6, ge=0, le=32)
+    head_hidden: int = limited(64, ge=1, le=MAX_WIDTH)
+    gauss_feat_dim: int = limited(32, ge=1, le=MAX_WIDTH)  # must match Stage I
+    # in-mask weight x |residual| (pixels) at which E saturates
+    evidence_tau: float = limited(0.05, gt=0)
+    correction_scale: float = limited(0.1, ge=0)  # bound of the free per-Gaussian colour correction
+    # learned edit weights below this are exactly zero
+    gate_floor: float = limited(0.05, ge=0, lt=1)
     hint_restricts: bool = True  # a kind hint limits the hypotheses (see HINT_HYPOTHESES)
     # Least-squares steps for the seen Gaussians' own change (edit/solve.py); 0: the weighted
     # mean residual of back-projection, as the weights trained before the solve existed expect.
-    solve_iters: int = 0
-    solve_prior_px: float = 0.0  # the solve's pull toward no change, in pixels of weight
+    solve_iters: int = limited(0, ge=0, le=1000)
+    # the solve's pull toward no change, in pixels of weight
+    solve_prior_px: float = limited(0.0, ge=0)
     # Fit the recolour and shading hypotheses to the edit views' pixels (with the solve; see
     # edit/solve.py `fit_color_maps`) instead of to the solved per-Gaussian change.
     fit_maps: bool = False
     # Learned propagation over the asset's k-NN graph (model/propagate.py); off: the weights
     # trained before it existed.
     propagate: bool = False
-    prop_channels: int = 8
-    prop_k: int = 10
-    prop_anchors: int = 2048
-    prop_coarse_steps: int = 24
-    prop_fine_steps: int = 4
+    prop_channels: int = limited(8, ge=1, le=256)
+    prop_k: int = limited(10, ge=1, le=64)
+    prop_anchors: int = limited(2048, ge=1, le=1 << 20)
+    prop_coarse_steps: int = limited(24, ge=0, le=1000)
+    prop_fine_steps: int = limited(4, ge=0, le=1000)
 
     def __post_init__(self) -> None:
+        check_limits(self, "stage2")  # before the checks below divide by these
         if self.dim % self.num_heads or self.dim % self.ttt_heads:
             raise ValueError(f"dim {self.dim} must be divisible by num_heads and ttt_heads")
         if self.patch_size < 1:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appshell.tables import check_keys, dataclass_from_table
+from appshell.tables import check_keys, dataclass_from_table, limited
 from splatpainter.model.editor import EditorConfig
 from splatpainter.model.stage1 import Stage1Config
 from splatpainter.model.stage2 import Stage2Config
@@ -42,6 +42,7 @@ from splatpainter.train.data import SequenceSpec
 
 # Seeds below this are reserved for evaluation: training never draws them.
 EVAL_SEED_LIMIT = 100_000
+MAX_GAUSSIANS = 10_000_000  # per training sequence
 
 
 class ConfigError(ValueError):
@@ -50,25 +51,26 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    num_sequences: int = 1200  # distinct training sequences (cached on disk)
+    num_sequences: int = limited(1200, ge=1)  # distinct training sequences (cached on disk)
     first_seed: int = EVAL_SEED_LIMIT  # training seeds are first_seed .. first_seed + n - 1
-    min_gaussians: int = 3000
-    max_gaussians: int = 8000
-    min_edits: int = 1
-    max_edits: int = 3
+    min_gaussians: int = limited(3000, ge=1, le=MAX_GAUSSIANS)
+    max_gaussians: int = limited(8000, ge=1, le=MAX_GAUSSIANS)
+    min_edits: int = limited(1, ge=1, le=64)
+    max_edits: int = limited(3, ge=1, le=64)
     kinds: tuple[str, ...] = ("paint", "recolor", "global", "relight", "detail")
     # edit-data suites (train/data.py SUITES); sequence i is drawn from suites[i % len]
     suites: tuple[str, ...] = ("procedural",)
-    max_views: int = 3
-    view_size: int = 128
-    num_heldout: int = 4
-    fuzzy_prob: float = 0.5
-    overlap_prob: float = 0.3
-    auto_hint_prob: float = 0.5  # share of edits trained with the "auto" hint
-    loss_views: int = 2  # held-out views rendered for the loss per edit (plus one edit view)
-    loss_view_size: int = 64
+    max_views: int = limited(3, ge=1, le=64)
+    view_size: int = limited(128, ge=1, le=2048)
+    num_heldout: int = limited(4, ge=0, le=64)
+    fuzzy_prob: float = limited(0.5, ge=0, le=1)
+    overlap_prob: float = limited(0.3, ge=0, le=1)
+    auto_hint_prob: float = limited(0.5, ge=0, le=1)  # share of edits trained with the "auto" hint
+    # held-out views rendered for the loss per edit (plus one edit view)
+    loss_views: int = limited(2, ge=0, le=64)
+    loss_view_size: int = limited(64, ge=1, le=2048)
     cache_dir: str = ".cache/splatpainter-train"
-    workers: int = 2
+    workers: int = limited(2, ge=0, le=256)
 
     def __post_init__(self) -> None:
         if self.first_seed < EVAL_SEED_LIMIT:
@@ -106,17 +108,17 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    steps: int = 3000
-    lr: float = 1e-3
-    stage1_lr_scale: float = 0.3
-    weight_decay: float = 0.01
-    warmup_steps: int = 100
-    final_lr_fraction: float = 0.1
-    grad_clip: float = 1.0
+    steps: int = limited(3000, ge=1)
+    lr: float = limited(1e-3, gt=0)
+    stage1_lr_scale: float = limited(0.3, ge=0)
+    weight_decay: float = limited(0.01, ge=0)
+    warmup_steps: int = limited(100, ge=0)
+    final_lr_fraction: float = limited(0.1, ge=0, le=1)
+    grad_clip: float = limited(1.0, gt=0)
     seed: int = 0
-    checkpoint_every: int = 100
-    log_every: int = 1
-    threads: int = 0  # torch threads (0: leave torch's default)
+    checkpoint_every: int = limited(100, ge=1)
+    log_every: int = limited(1, ge=1)
+    threads: int = limited(0, ge=0, le=1024)  # torch threads (0: leave torch's default)
     init_from: str = ""  # start from these weights (.safetensors of the same architecture)
 
     def __post_init__(self) -> None:
@@ -132,11 +134,14 @@ class LossConfig:
     # a small error on the unchanged Gaussians still has a strong gradient, so preservation is
     # pushed toward exact.  "mse": plain weighted mean squared errors.
     form: str = "log"
-    eps: float = 1e-4  # 40 dB: no reward for pushing a term further (else "do nothing" wins)
-    gauss_changed: float = 1.0  # per-Gaussian colour error, Gaussians the edit changed
-    gauss_unchanged: float = 1.0  # ... and those it did not (preservation)
-    render_changed: float = 0.5  # rendered error on the changed pixels (edit + held-out views)
-    render_unchanged: float = 0.5  # ... and on the unchanged pixels
+    # 40 dB: no reward for pushing a term further (else "do nothing" wins)
+    eps: float = limited(1e-4, gt=0)
+    # per-Gaussian colour error, Gaussians the edit changed
+    gauss_changed: float = limited(1.0, ge=0)
+    gauss_unchanged: float = limited(1.0, ge=0)  # ... and those it did not (preservation)
+    # rendered error on the changed pixels (edit + held-out views)
+    render_changed: float = limited(0.5, ge=0)
+    render_unchanged: float = limited(0.5, ge=0)  # ... and on the unchanged pixels
 
     def __post_init__(self) -> None:
         if self.form not in ("log", "mse"):

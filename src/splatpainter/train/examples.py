@@ -14,12 +14,15 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import warnings
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from appshell.inputs import InputFileError, load_torch
 from splatpainter.assets.gaussians import GaussianAsset
 from splatpainter.camera import Camera
 from splatpainter.model.stage1 import PreprocessViews, Stage1Config, render_preprocess_views
@@ -190,7 +193,6 @@ def cache_key(
 
 
 def _build_one(args: tuple) -> int:
-    seed, spec, stage1, loss_view_size, settings, graph, path = args
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # The workers are the parallelism: one thread each for torch and the numba renderer (two
     # workers of two renderer threads on 2 cores built examples 4-5x slower).
@@ -198,8 +200,13 @@ def _build_one(args: tuple) -> int:
     import numba
 
     numba.set_num_threads(1)
+    return _write_example(args)
+
+
+def _write_example(args: tuple) -> int:
     from appshell.atomic import atomic_write_with
 
+    seed, spec, stage1, loss_view_size, settings, graph, path = args
     ex = build_example(seed, spec, stage1, loss_view_size, settings, graph)
     atomic_write_with(path, lambda f: torch.save(ex, f))
     return seed
@@ -221,11 +228,11 @@ def ensure_cache(
     root = Path(cache_dir) / cache_key(spec, stage1, loss_view_size, settings, graph)
     root.mkdir(parents=True, exist_ok=True)
     paths = {s: root / f"{s}.pt" for s in seeds}
-    todo = [
-        (s, spec, stage1, loss_view_size, settings, graph, p)
-        for s, p in paths.items()
-        if not p.exists()
-    ]
+    for s, p in paths.items():
+        _RECIPES[p] = (s, spec, stage1, loss_view_size, settings, graph, p)
+        if p.exists() and not zipfile.is_zipfile(p):  # reads only the tail: cheap for 1000s
+            _discard(p, "truncated or not a torch archive")
+    todo = [_RECIPES[p] for p in paths.values() if not p.exists()]
     if todo:
         if workers <= 1:
             for a in todo:
@@ -240,5 +247,44 @@ def ensure_cache(
     return paths
 
 
+class CacheRebuiltWarning(UserWarning):
+    """A cached example was unreadable (an interrupted write, a full disk) and is rebuilt."""
+
+
+class CacheEntryError(InputFileError):
+    """A cached example that cannot be read and cannot be rebuilt here."""
+
+
+# How ensure_cache built each cache file (its _build_one arguments), so that load_example can
+# rebuild one found corrupt in the middle of a run.
+_RECIPES: dict[Path, tuple] = {}
+
+
+def _discard(path: Path, why: str) -> None:
+    warnings.warn(f"{path}: corrupt cached example ({why}); rebuilding it", CacheRebuiltWarning,
+                  stacklevel=3)  # fmt: skip
+    path.unlink(missing_ok=True)
+
+
+def _read_example(path: Path) -> dict[str, Any]:
+    ex = load_torch(path, what="cached training example")
+    if not isinstance(ex, dict) or not isinstance(ex.get("steps"), list):
+        raise InputFileError(f"{path}: not a cached training example")
+    return ex
+
+
 def load_example(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """A cached example (weights-only load); a corrupt one that ensure_cache made is deleted and
+    rebuilt with a CacheRebuiltWarning, any other is one CacheEntryError line naming it."""
+    try:
+        return _read_example(path)
+    except InputFileError as e:
+        recipe = _RECIPES.get(path)
+        if recipe is None:
+            raise CacheEntryError(str(e)) from None
+        _discard(path, str(e).removeprefix(f"{path}: "))
+    _write_example(recipe)  # in this process: leave its thread settings alone
+    try:
+        return _read_example(path)
+    except InputFileError as e:
+        raise CacheEntryError(f"{e} (after a rebuild)") from None

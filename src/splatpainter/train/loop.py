@@ -28,11 +28,14 @@ from typing import Any
 
 import torch
 
-from appshell.atomic import atomic_write_with
+from appshell.atomic import atomic_write_with, remove_stale_temps
+from appshell.errors import first_line
+from appshell.inputs import InputFileError, load_torch
 from splatpainter.assets.gaussians import map_sh_bands, rgb_to_sh_dc
 from splatpainter.camera import Camera
 from splatpainter.model.editor import (
     TRAIN_CHECKPOINT_FORMAT,
+    CheckpointError,
     EditorModel,
     load_weights,
     save_weights,
@@ -185,6 +188,20 @@ def _save_checkpoint(out: Path, model, opt, step: int, cfg: TrainConfig) -> None
     atomic_write_with(out / CHECKPOINT, lambda f: torch.save(payload, f))
 
 
+def _read_train_checkpoint(path: Path) -> dict[str, Any]:
+    """The resume checkpoint, loaded weights-only like every torch file; a damaged one is one
+    CheckpointError line naming it (delete it, or train without --resume)."""
+    try:
+        ck = load_torch(path, what="training checkpoint")
+    except InputFileError as e:
+        raise CheckpointError(str(e)) from None
+    ok = isinstance(ck, dict) and ck.get("format") == TRAIN_CHECKPOINT_FORMAT
+    ok = ok and isinstance(ck.get("model"), dict) and isinstance(ck.get("optim"), dict)
+    if not ok or isinstance(ck.get("step"), bool) or not isinstance(ck.get("step"), int):
+        raise CheckpointError(f"{path}: not a {TRAIN_CHECKPOINT_FORMAT} checkpoint")
+    return ck
+
+
 def _read_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -303,6 +320,7 @@ def _train_run(
 ) -> EditorModel:
     """One run of one config (no phases); init_weights overrides optim.init_from."""
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)  # checkpoint/log/weights writes a killed run left unfinished
     o = cfg.optim
     if o.threads > 0:
         torch.set_num_threads(o.threads)
@@ -314,11 +332,15 @@ def _train_run(
     start = 0
     log_path = out / LOG
     if resume and (out / CHECKPOINT).exists():
-        ck = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=True)
+        ck = _read_train_checkpoint(out / CHECKPOINT)
         if ck.get("config") != cfg.to_dict():
             raise ConfigError(f"{out / CHECKPOINT}: written with another config; cannot resume")
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
+        try:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optim"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            why = first_line(e)
+            raise CheckpointError(f"{out / CHECKPOINT}: cannot resume from it ({why})") from None
         start = int(ck["step"])
         if log_path.exists():  # drop log lines past the checkpoint
             keep = [ln for ln in log_path.read_text().splitlines()

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from appshell.atomic import remove_stale_temps
 from splatpainter.edit import EditSession, SessionError
 from splatpainter.web.views import OrbitView, WebInputError
 
@@ -94,6 +95,7 @@ class SessionStore:
     def __init__(self, workdir: Path, make_method, *, max_live: int = 8) -> None:
         self.root = Path(workdir) / "sessions"
         self.root.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.root, recursive=True)  # saves a killed server left unfinished
         self.make_method = make_method
         self.max_live = max_live
         self._live: OrderedDict[str, LiveSession] = OrderedDict()
