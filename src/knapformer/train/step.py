@@ -192,7 +192,8 @@ def train_step(
     dist.all_reduce(n_vis)
     cpu0, wall0 = clock.now()
     pred = model(batch)
-    sq = (pred.float() - target.float()).pow(2).sum()
+    wide = torch.promote_types(pred.dtype, torch.float32)  # bf16 -> fp32; float64 stays
+    sq = (pred.to(wide) - target.to(wide)).pow(2).sum()
     (sq * (world / n_vis[0])).backward()  # FSDP averages: the sum over ranks is d(mean loss)
     if device.type == "cuda":  # pragma: no cover - CUDA only; the device time belongs to the step
         torch.cuda.synchronize(device)
