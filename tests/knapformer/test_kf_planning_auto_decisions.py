@@ -85,7 +85,9 @@ def _direct_simple_bound(step: _Step, spec: str) -> float:
 
 
 def _direct_sp_floor(step: _Step, spec: str, level: float) -> float:
-    """The fractional-knapsack floor on split tokens as it was computed before."""
+    """The fractional-knapsack floor on split tokens as it was computed before the caches (a
+    restatement of the same greedy, kept to pin the cached path to it bit for bit; its truth
+    is checked independently, as a linear program, by `test_sp_floor_is_the_knapsack_lp`)."""
     sizes = step.layout(spec).bag_sizes
     n1, nbags = sizes.count(1), len(sizes)
     tot = step.total_tokens
@@ -126,6 +128,47 @@ def test_cached_bounds_equal_the_direct_formulas(mix, cname):
             assert step.simple_bound(spec) == _direct_simple_bound(step, spec), spec
             for level in (step.simple_bound(spec), 1.3 * step.simple_bound(spec)):
                 assert step.sp_floor(spec, level) == _direct_sp_floor(step, spec, level), spec
+
+
+def _lp_sp_floor(step: _Step, spec: str, level: float) -> float:
+    """The same floor from its definition, solved by HiGHS: the most tokens the one-GPU bags can
+    hold, max sum tok_i x_i  s.t.  sum t_i x_i <= n1 (level - f), 0 <= x_i <= 1, and x_i = 0 for
+    a sequence whose cost t_i = t(L_i, 1) alone exceeds level - f."""
+    from scipy.optimize import linprog
+
+    sizes = step.layout(spec).bag_sizes
+    n1, tot = sizes.count(1), float(step.total_tokens)
+    if tot == 0 or n1 == len(sizes):
+        return 0.0
+    if n1 == 0:
+        return 1.0
+    room = level - float(step.cost.rank_time(0.0, 1))
+    t = np.asarray(step.table.values[:, 0], dtype=np.float64)
+    tok = np.asarray(step.flat, dtype=np.float64)
+    if room < 0:  # not even an empty bag fits under this level: no token can stay on one GPU
+        return 1.0
+    if t.size == 0:
+        return 0.0
+    upper = np.where(t <= room, 1.0, 0.0)
+    unit = max(float(t.max()), room, 1e-300)  # costs reach 1e15: scale the row for the solver
+    res = linprog(-tok / tok.max(), A_ub=t[None, :] / unit, b_ub=[n1 * room / unit],
+                  bounds=list(zip(0 * upper, upper, strict=True)), method="highs")  # fmt: skip
+    assert res.status == 0, res.message
+    return max(0.0, 1.0 - float(-res.fun) * tok.max() / tot)
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_sp_floor_is_the_knapsack_lp(mix):
+    """`sp_floor` equals the optimum of the fractional knapsack it bounds, solved as a linear
+    program (no code shared with the planner's greedy)."""
+    cost = _costs(CostModel)["flux_f_u"]
+    sizes = allowed_bag_sizes(32, 24, 8)
+    for s in [*_steps(mix, 1)[:3], *_steps(mix, 3)[:3]]:
+        step = _Step(s, 32, 24, cost, sizes)
+        for spec in ["g1n8+g2n4+g4n2+g8n1", "g1n16+g2n4+g4n2", "g1n32", "g4n8", "g1n24+g8n1"]:
+            for level in (step.simple_bound(spec), 1.3 * step.simple_bound(spec)):
+                want = _lp_sp_floor(step, spec, level)
+                assert step.sp_floor(spec, level) == pytest.approx(want, rel=1e-7, abs=1e-9), spec
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
