@@ -65,4 +65,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from knapformer.train.launch import leave_without_teardown
+
+    leave_without_teardown(main())  # (see there: gloo can abort a finished rank at teardown)

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -115,6 +116,18 @@ def _rank_main(rank: int, world: int, cfg: TrainConfig, rdzv: str, parent: int) 
         raise
     finally:
         dist.destroy_process_group()
+    leave_without_teardown()
+
+
+def leave_without_teardown(code: int = 0) -> None:
+    """End a finished rank here. Objects that still hold gloo contexts (subgroups of the
+    balancer, FSDP's mesh) die at interpreter teardown, where a context's destructor can meet a
+    joinable worker thread and abort the process ("terminate called without an active
+    exception", SIGABRT) after a run that succeeded: about 1 run in 10 of a 2-rank CLI test.
+    Everything the run writes is closed by then; flush the streams and skip the teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 JOIN_GRACE_S = 10.0  # how long the other ranks may take to stop on their own after one failed
