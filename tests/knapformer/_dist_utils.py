@@ -19,6 +19,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+# The tiny trainer config the training tests start from (apply_overrides copies it).
+TINY_TRAIN = {
+    "model": {"preset": "tiny"},
+    "data": {"codes": "g1b2i64f1s0,g1b1i64f17s1", "text_tokens_max": 4},
+    "train": {"steps": 3, "lr": 3e-3},
+    "balance": {"balancer": "auto"},
+    "log": {"progress": False},
+}
+
 
 class WorkerError(AssertionError):
     """A worker raised; carries the rank and the remote traceback."""

@@ -27,15 +27,9 @@ from knapformer.cli import app
 from knapformer.train.config import ConfigError, apply_overrides, build_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _dist_utils import run_workers
+from _dist_utils import TINY_TRAIN, run_workers
 
-TINY = {
-    "model": {"preset": "tiny"},
-    "data": {"codes": "g1b2i64f1s0,g1b1i64f17s1", "text_tokens_max": 4},
-    "train": {"steps": 3, "lr": 3e-3},
-    "balance": {"balancer": "auto"},
-    "log": {"progress": False},
-}
+TINY = TINY_TRAIN
 runner = CliRunner()
 
 

@@ -319,6 +319,12 @@ def _spz_header(n: int, degree: int = 0, version: int = 3, flags: int = 0) -> by
     return h.tobytes()
 
 
+def _gz(data: bytes) -> bytes:
+    """gzip with a fixed timestamp: the bytes (and the test ids made from them) are the same in
+    every process, as pytest-xdist's workers require."""
+    return gzip.compress(data, mtime=0)
+
+
 def _spz_payload(n: int, degree: int = 0, version: int = 3, flags: int = 0) -> bytes:
     per = 9 + 1 + 3 + 3 + (3 if version == 2 else 4) + 3 * ((degree + 1) ** 2 - 1)
     return _spz_header(n, degree, version, flags) + bytes(n * per)
@@ -335,14 +341,14 @@ GOOD_SPZ = (DATA / "ref_sh0.spz").read_bytes()
         (GOOD_SPZ[: len(GOOD_SPZ) // 2], "truncated .spz"),
         (GOOD_SPZ[:-4], "end marker"),  # the gzip trailer cut off
         (GOOD_SPZ[:-8] + bytes(4) + GOOD_SPZ[-4:], "corrupt .spz gzip data"),  # bad CRC
-        (gzip.compress(b"just some text, gzipped"), "NGSP"),
-        (gzip.compress(_spz_payload(4, version=1)), "unsupported .spz version 1"),
-        (gzip.compress(_spz_payload(4, degree=4)), "SH degree 4"),
-        (gzip.compress(_spz_payload(4, flags=2)), "extensions"),
+        (_gz(b"just some text, gzipped"), "NGSP"),
+        (_gz(_spz_payload(4, version=1)), "unsupported .spz version 1"),
+        (_gz(_spz_payload(4, degree=4)), "SH degree 4"),
+        (_gz(_spz_payload(4, flags=2)), "extensions"),
         (b"NGSP" + (4).to_bytes(4, "little") + bytes(24), "version 4 (ZSTD"),
         # a header claiming 5M Gaussians in a tiny file: refused before allocating anything
-        (gzip.compress(_spz_header(5_000_000, 3)), "more than a"),
-        (gzip.compress(_spz_header(1 << 30)), "the limit of"),
+        (_gz(_spz_header(5_000_000, 3)), "more than a"),
+        (_gz(_spz_header(1 << 30)), "the limit of"),
     ],
 )
 def test_bad_spz_gives_one_clear_line(data, message):
