@@ -152,6 +152,19 @@ def test_tiny_training_lowers_the_loss_and_is_reproducible(tmp_path):
 
 
 @pytest.mark.slow
+def test_training_repeats_bit_for_bit_by_default(tmp_path):
+    """Two fresh runs of one config give the same log, bit for bit, with no thread settings
+    given: on the renderer's default two threads these runs parted at step 16."""
+
+    def run(out):
+        cfg = _tiny(tmp_path, steps=30, checkpoint_every=1000)
+        train(cfg, out)
+        return [json.loads(x)["loss"] for x in (out / LOG).read_text().splitlines()]
+
+    assert run(tmp_path / "a") == run(tmp_path / "b")
+
+
+@pytest.mark.slow
 def test_train_cli_writes_weights_that_load(tmp_path):
     out = tmp_path / "run"
     r = CliRunner().invoke(

@@ -32,6 +32,9 @@ def train(
     Writes OUT/checkpoint.pt (exact resume), OUT/log.jsonl (one line per step), OUT/loss.png
     and OUT/editor.safetensors (load with --weights, or ship as the package default).  A config
     with [[phase]] tables trains each phase in OUT/<i>-<name>/ and ends with the same files.
+    Repeatable: the same config on the same machine and software gives the same log and weights
+    bit for bit, resumed or not (the renderer runs on one thread while training; torch uses
+    optim.threads, or its default).
     """
     from rich.progress import (
         BarColumn,

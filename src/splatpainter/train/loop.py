@@ -18,6 +18,7 @@ Every random choice of a step (which example, which hint, which loss views) deri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -264,6 +265,41 @@ def train(
     (what the phases before it produced, trained elsewhere); the earlier phases are skipped and
     their steps still counted.
     """
+    with one_render_thread():
+        return _train(
+            cfg, out_dir, resume=resume, stop_after=stop_after, on_cache=on_cache,
+            on_step=on_step, on_phase=on_phase, from_phase=from_phase, init=init,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def one_render_thread():
+    """Render on one numba thread for the duration: the renderer's multi-threaded passes do not
+    sum in the same order from run to run (two 30-step runs of configs/splatpainter/tiny.toml
+    parted at step 16 on two threads, and never on one), and a training run must repeat bit for
+    bit.  torch keeps `optim.threads`."""
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
+def _train(
+    cfg: TrainConfig,
+    out_dir: str | os.PathLike[str],
+    *,
+    resume: bool,
+    stop_after: int | None,
+    on_cache: Callable[[int, int], None] | None,
+    on_step: Callable[[int, dict[str, Any]], None] | None,
+    on_phase: Callable[[int, str], None] | None,
+    from_phase: str | None,
+    init: str | os.PathLike[str] | None,
+) -> EditorModel:
     out = Path(out_dir)
     names = [p.name for p in cfg.phases]
     if from_phase is not None and from_phase not in names:
