@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from splatpainter.model.graph import anchor_subsample, knn, nearest
@@ -155,6 +154,15 @@ class Propagation(nn.Module):
         self.up_edge = EdgeAffinity(embed_dim, hidden, channels)
 
     @staticmethod
+    def _affinity(edge, u, points, normals, colors, src, dst, spacing) -> torch.Tensor:
+        """[R, k, C] affinities of the edges from the Gaussians `src` [R] to `dst` [R, k]."""
+        geo = edge_geometry(
+            points[src][:, None], points[dst], normals[src][:, None], normals[dst],
+            colors[src][:, None], colors[dst], spacing,
+        )  # fmt: skip
+        return edge(u[src][:, None].expand(-1, dst.shape[1], -1), u[dst], geo)
+
+    @staticmethod
     def _walk(z0, seeds, conf, nbr, aff, steps: int) -> torch.Tensor:
         """steps of z <- conf s + (1 - conf) sum_j a_ij z_j / (sum_j a_ij + eps)."""
         norm = aff / (aff.sum(1, keepdim=True) + WALK_EPS)  # [N, k, C]
@@ -196,30 +204,14 @@ class Propagation(nn.Module):
         c_a = mass / count.clamp_min(1.0)  # the anchor's cell is that well seen
         cn = graph.coarse_idx
         c_spacing = graph.coarse_dist[:, 0].median().clamp_min(1e-9)
-        geo = edge_geometry(
-            points[a][:, None], points[a][cn], normals[a][:, None], normals[a][cn],
-            colors[a][:, None], colors[a][cn], c_spacing,
-        )  # fmt: skip
-        aff = self.coarse_edge(u[a][:, None].expand(-1, cn.shape[1], -1), u[a][cn], geo)
+        aff = self._affinity(self.coarse_edge, u, points, normals, colors, a, a[cn], c_spacing)
         z_a = self._walk(torch.zeros_like(s_a), s_a, c_a, cn, aff, self.coarse_steps)
         # read back: each Gaussian from its nearest anchors, by learned affinity
         up = graph.up_idx
-        geo = edge_geometry(
-            points[:, None], points[a][up], normals[:, None], normals[a][up],
-            colors[:, None], colors[a][up], c_spacing,
-        )  # fmt: skip
-        aff_up = self.up_edge(u[:, None].expand(-1, up.shape[1], -1), u[a][up], geo)
+        every = torch.arange(u.shape[0], device=u.device)
+        aff_up = self._affinity(self.up_edge, u, points, normals, colors, every, a[up], c_spacing)
         z = (aff_up * z_a[up]).sum(1) / (aff_up.sum(1) + WALK_EPS)
         # fine level: a few steps on the full graph sharpen boundaries
         fn = graph.fine_idx
-        geo = edge_geometry(
-            points[:, None], points[fn], normals[:, None], normals[fn],
-            colors[:, None], colors[fn], spacing,
-        )  # fmt: skip
-        aff = self.fine_edge(u[:, None].expand(-1, fn.shape[1], -1), u[fn], geo)
+        aff = self._affinity(self.fine_edge, u, points, normals, colors, every, fn, spacing)
         return self._walk(z, seeds, conf, fn, aff, self.fine_steps)
-
-
-def walk_features(z: torch.Tensor) -> torch.Tensor:
-    """What the heads read of the walk: the channels, squashed to a tame range."""
-    return F.softsign(4.0 * z)
