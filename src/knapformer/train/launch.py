@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import gc
 import logging
 import os
 import shutil
@@ -108,14 +109,18 @@ def _rank_main(rank: int, world: int, cfg: TrainConfig, rdzv: str, parent: int) 
         world_size=world,
         timeout=datetime.timedelta(seconds=cfg.train.timeout_s),
     )
+    error = None
     try:
         train(cfg)
     except Exception as exc:
-        if is_expected(exc):
-            raise RankError(one_line(exc)) from None
-        raise
+        if not is_expected(exc):
+            raise
+        error = one_line(exc)  # (leaving this block frees exc's frames: model, groups)
     finally:
         dist.destroy_process_group()
+    if error is not None:
+        gc.collect()  # the gloo contexts go now, not at interpreter teardown (see below)
+        raise RankError(error)
     leave_without_teardown()
 
 
