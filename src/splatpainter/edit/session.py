@@ -12,12 +12,21 @@ marker, and edit images as 8-bit when that is lossless.  So a step that recolour
 Gaussians costs kilobytes, not a full snapshot.  Loading checks that the method (and, for the
 model, its config and weights) is the one it was made with.  `StoredSession` reads and rewrites
 the file without any method (what `splatpainter session show|undo|redo|export` use).
+
+A save holds what the session really holds: a view shared by several entries (as the records of
+a loaded file may be) is one record on disk and one object in memory.  A read checks the stated
+limits below before allocating from what the file claims: the file's size, its zip directory
+(torch.save writes records uncompressed, so a compressed record or one larger than the file is
+refused before torch inflates it), the number of entries, and what rebuilding them would take.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import time
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,13 +34,20 @@ import numpy as np
 import torch
 
 from appshell.errors import first_line
-from appshell.inputs import InputFileError, load_torch
+from appshell.inputs import InputFileError, check_regular_file, load_torch
 from splatpainter.edit.methods import EditMethod
 from splatpainter.edit.views import EditInputError, EditView
 
 SESSION_FORMAT = "splatpainter-session"
 SESSION_VERSION = 2  # 1: a full asset snapshot per entry (still read)
 _SAME = "__same_as_previous_entry__"
+
+# Read limits, checked before anything is allocated from a file's claims: its zip directory
+# before torch reads it, its history before any entry is rebuilt (issue #25).
+MAX_SESSION_BYTES = 16 << 30  # the file: a base asset (PLY limit 8 GiB) plus its history
+MAX_SESSION_RECORDS = 1 << 20  # tensors in the archive (each costs torch and zipfile memory)
+MAX_SESSION_ENTRIES = 10_000  # history entries: far beyond any editing session
+MAX_SESSION_REBUILD_BYTES = 16 << 30  # what rebuilding every entry's asset and views allocates
 
 
 class SessionError(ValueError):
@@ -177,10 +193,120 @@ def _pack_view(view: EditView) -> dict[str, Any]:
     return {**d, "image": _pack_image(d["image"]), "mask": _pack_image(d["mask"])}
 
 
+def _once(cache: dict[int, Any], obj: Any, make: Callable[[Any], Any]) -> Any:
+    """make(obj) once per object (by identity, while the caller keeps obj and cache alive):
+    a record shared by many entries stays one object in memory and one record on disk."""
+    if id(obj) not in cache:
+        cache[id(obj)] = make(obj)
+    return cache[id(obj)]
+
+
+def _pack_view_dict(d: dict[str, Any]) -> dict[str, Any]:
+    return _pack_view(EditView.from_dict(d))
+
+
 def _unpack_view(d: dict[str, Any]) -> EditView:
     return EditView.from_dict(
         {**d, "image": _unpack_image(d["image"]), "mask": _unpack_image(d.get("mask"))}
     )
+
+
+# ---------------------------------------------------------------------- read limits
+def _zip_record_count(f: Any, size: int) -> int | None:
+    """The record count a zip's end-of-central-directory claims (zip64 too), read before
+    zipfile parses the directory (None: no such record; zipfile then names the damage)."""
+    tail_len = min(size, 22 + 0xFFFF)  # the record, then a comment of at most 64 KiB
+    f.seek(size - tail_len)
+    tail = f.read(tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return None
+    count = struct.unpack_from("<H", tail, at + 10)[0]
+    if at >= 20 and tail[at - 20 : at - 16] == b"PK\x06\x07":  # zipfile reads zip64's too
+        (offset,) = struct.unpack_from("<Q", tail, at - 12)
+        if offset + 56 <= size:
+            f.seek(offset)
+            rec = f.read(56)
+            if rec[:4] == b"PK\x06\x06":
+                count = max(count, struct.unpack_from("<Q", rec, 32)[0])
+    return count
+
+
+def _check_archive(path: str | os.PathLike[str]) -> None:
+    """Refuse a session file whose size or zip directory claims more than it can hold, before
+    torch reads it: torch allocates each record at the size the directory claims, and inflates
+    compressed records (~1000x), although torch.save only ever writes them stored."""
+    p = os.fspath(path)
+    try:  # FIFOs, devices, foreign files: one line, before anything opens them
+        check_regular_file(p, max_bytes=MAX_SESSION_BYTES, what="session file")
+    except InputFileError as e:
+        raise SessionError(str(e)) from None
+    size = os.path.getsize(p)
+    with open(p, "rb") as f:
+        head = f.read(4)
+        if head.startswith(b"\x80"):
+            raise SessionError(
+                f"{p}: not a readable session file (a legacy torch pickle, whose tensor sizes "
+                "are allocated before they can be checked; sessions are zip archives)"
+            )
+        if not head.startswith(b"PK\x03\x04"):
+            return  # load_torch names what it is instead
+        count = _zip_record_count(f, size)
+    if count is not None and count > MAX_SESSION_RECORDS:
+        raise SessionError(
+            f"{p}: {count:,} records is over the {MAX_SESSION_RECORDS:,}-record limit for a "
+            "session file"
+        )
+    try:
+        with zipfile.ZipFile(p) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise SessionError(f"{p}: not a readable session file ({first_line(e)})") from None
+    if len(infos) > MAX_SESSION_RECORDS:  # a directory holding more than its end record says
+        raise SessionError(
+            f"{p}: {len(infos):,} records is over the {MAX_SESSION_RECORDS:,}-record limit for "
+            "a session file"
+        )
+    total = 0
+    for i in infos:
+        if i.compress_type != zipfile.ZIP_STORED or i.file_size != i.compress_size:
+            raise SessionError(
+                f"{p}: damaged session file (record {i.filename!r} is compressed, "
+                f"{i.compress_size:,} bytes claiming {i.file_size:,}; torch.save stores records)"
+            )
+        total += i.file_size
+        if i.header_offset + i.file_size > size or total > size:
+            raise SessionError(
+                f"{p}: damaged session file (record {i.filename!r} claims {i.file_size:,} "
+                f"bytes, more than the {size:,}-byte file holds)"
+            )
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _rebuild_bytes(d: dict[str, Any]) -> int:
+    """What rebuilding every entry allocates beyond the file's own tensors: a copy of each
+    tensor a row delta touches (deltas apply entry after entry), and each distinct stored
+    view's 8-bit images as float32. A record shared by many entries is unpacked once, but its
+    row delta is applied once per entry, so it counts once per entry."""
+    nbytes = {k: _nbytes(v) for k, v in d["base"].items()}
+    total, seen = 0, set()
+    for e in d["entries"]:
+        for name, dd in e["delta"].items():
+            if not isinstance(dd, dict):
+                continue  # damaged: the rebuild names it
+            if "full" in dd:
+                nbytes[name] = _nbytes(dd["full"])
+            elif "rows" in dd:
+                total += nbytes.get(name, 0)
+        for v in e.get("views", []):
+            if id(v) not in seen:
+                seen.add(id(v))
+                for x in (v.get("image"), v.get("mask")):
+                    total += 4 * _nbytes(x["u8"]) if isinstance(x, dict) and "u8" in x else 0
+    return total
 
 
 # ---------------------------------------------------------------------- the file, method-free
@@ -199,7 +325,8 @@ class StoredSession:
     def read(cls, path: str | os.PathLike[str]) -> StoredSession:
         if not os.path.exists(path):
             raise SessionError(f"{path}: no such file")
-        try:  # FIFOs, devices, foreign files: one line, before torch's unpickler
+        _check_archive(path)
+        try:
             d = load_torch(path, what="session file")
         except InputFileError as e:
             raise SessionError(str(e)) from None
@@ -210,6 +337,12 @@ class StoredSession:
             raise SessionError(f"{path}: bad session version {version!r}")
         if version > SESSION_VERSION:
             raise SessionError(f"{path}: session version {version} is too new")
+        entries = d.get("entries")
+        if isinstance(entries, list) and len(entries) > MAX_SESSION_ENTRIES:
+            raise SessionError(
+                f"{path}: {len(entries):,} history entries is over the "
+                f"{MAX_SESSION_ENTRIES:,}-entry limit for a session"
+            )
         try:
             if version == 1:
                 d = _upgrade_v1(d)
@@ -220,8 +353,15 @@ class StoredSession:
                 raise SessionError(f"index {index!r} out of range")
             if not isinstance(d["method"], dict):
                 raise SessionError("no method description")
-        except (KeyError, TypeError, SessionError) as e:
+            rebuild = _rebuild_bytes(d)
+        except (KeyError, TypeError, AttributeError, SessionError) as e:
             raise SessionError(f"{path}: damaged session file ({first_line(e)})") from None
+        if rebuild > MAX_SESSION_REBUILD_BYTES:
+            raise SessionError(
+                f"{path}: rebuilding its {len(d['entries']):,} entries would allocate "
+                f"{rebuild:,} bytes, over the {MAX_SESSION_REBUILD_BYTES:,}-byte limit for a "
+                "session"
+            )
         return cls(d, path)
 
     @property
@@ -336,10 +476,11 @@ def ply_extras(path: str | os.PathLike[str], extras: dict[str, np.ndarray]) -> d
 def _upgrade_v1(d: dict[str, Any]) -> dict[str, Any]:
     """Full snapshots per entry -> base + per-step deltas."""
     entries, prev, out = d["entries"], None, []
+    packed: dict[int, dict[str, Any]] = {}  # a view shared by entries stays one record
     for e in entries:
         asset = e["asset"]
         delta = asset_delta(prev, asset) if prev is not None else {}
-        views = [_pack_view(EditView.from_dict(v)) for v in e.get("views", [])]
+        views = [_once(packed, v, _pack_view_dict) for v in e.get("views", [])]
         out.append({**{k: v for k, v in e.items() if k != "asset"}, "delta": delta, "views": views})
         prev = asset
     return {**d, "version": SESSION_VERSION, "base": entries[0]["asset"], "entries": out}
@@ -482,6 +623,9 @@ class EditSession:
         entries = []
         prev_asset: dict[str, torch.Tensor] | None = None
         prev_state: Any = None
+        # One packed record per view object: entries that share a view (a loaded file's shared
+        # record) keep sharing it, so a save never outgrows what the session really holds.
+        packed: dict[int, dict[str, Any]] = {}
         for e in self._entries:
             asset = _asset_to_dict(e.asset)
             state = m.state_to_dict(e.state)
@@ -489,7 +633,7 @@ class EditSession:
                 {
                     "delta": {} if prev_asset is None else asset_delta(prev_asset, asset),
                     "state": _dedupe(state, prev_state),
-                    "views": [_pack_view(v) for v in e.views],
+                    "views": [_once(packed, v, _pack_view) for v in e.views],
                     "label": e.label,
                     "seconds": float(e.seconds),
                     "method": e.method,
@@ -532,6 +676,7 @@ class EditSession:
         self.extras = stored.extras
         self._entries = []
         prev_state: Any = None
+        views: dict[int, EditView] = {}  # a stored record shared by entries: one view object
         try:
             for e, asset in zip(stored.data["entries"], stored.asset_dicts(), strict=True):
                 state_dict = _restore(e["state"], prev_state)
@@ -540,7 +685,7 @@ class EditSession:
                     HistoryEntry(
                         _asset_from_dict(asset, device),
                         method.state_from_dict(state_dict, device),
-                        [_unpack_view(v) for v in e.get("views", [])],
+                        [_once(views, v, _unpack_view) for v in e.get("views", [])],
                         str(e.get("label", "")),
                         float(e.get("seconds", 0.0)),
                         str(e.get("method", "")),
