@@ -121,6 +121,14 @@ class Stage2Config:
     prop_anchors: int = limited(2048, ge=1, le=1 << 20)
     prop_coarse_steps: int = limited(24, ge=0, le=1000)
     prop_fine_steps: int = limited(4, ge=0, le=1000)
+    # Structural priors on the choice between hypotheses (0: off, as in weights trained before
+    # them).  seen_prior_px: the seen change is available to a Gaussian in proportion to
+    # 1 - exp(-in-mask weight / this), so an unseen one takes a map or keeps its colour through
+    # its gate, not through a zero "seen change".  map_prior: the affine recolour and the
+    # shading compete with log-odds -(rmse^2 - min rmse^2) / map_prior^2, their fit to the seen
+    # change (a global recolour is not read as a relight that fits it worse).
+    seen_prior_px: float = limited(0.0, ge=0)
+    map_prior: float = limited(0.0, ge=0)
 
     def __post_init__(self) -> None:
         check_limits(self, "stage2")  # before the checks below divide by these
@@ -404,6 +412,12 @@ class Stage2Editor(nn.Module):
             if s.hint in LOCAL_HINTS:  # only what a masked pixel shows may move; the rest
                 gate = gate * (s.signals.in_mask_weight > 0).to(gate)  # keeps its bits
             logits = y[:, 1 : 1 + NUM_HYPOTHESES]
+            if c.seen_prior_px > 0:  # the seen change says nothing about an unseen Gaussian
+                seen = 1.0 - torch.exp(-s.signals.in_mask_weight / c.seen_prior_px)
+                logits = logits + _first_column(seen.clamp_min(1e-4).log())
+            if c.map_prior > 0:  # the map that explains the seen change better is likelier
+                err = stats[1:3] ** 2
+                logits = logits - F.pad((err - err.min()) / c.map_prior**2, (1, 0))
             if c.hint_restricts:  # a given kind rules hypotheses out (paint: no recolour)
                 allowed = HINT_HYPOTHESES[s.hint].to(logits.device)
                 logits = logits.masked_fill(~allowed, float("-inf"))
@@ -419,6 +433,11 @@ class Stage2Editor(nn.Module):
                  "mix": mix, "evidence": evidence}
             )  # fmt: skip
         return out, new_state
+
+
+def _first_column(v: torch.Tensor) -> torch.Tensor:
+    """[N] -> [N, NUM_HYPOTHESES]: v in the column of the seen change, zeros elsewhere."""
+    return F.pad(v[:, None], (0, NUM_HYPOTHESES - 1))
 
 
 def _pad(items: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -162,10 +162,13 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# Stage II keys a phase may change: how the signals are computed, not the architecture.
-# `propagate` may be switched on by a phase: it grows the editor by the propagation module,
-# whose new weights start at their initialisation (see loop.grow_state).
-PHASE_STAGE2_KEYS = ("solve_iters", "solve_prior_px", "fit_maps", "propagate")
+# Stage II keys a phase may change: how the signals are computed and the priors on the choice
+# between hypotheses (no weights), not the architecture.  `propagate` may be switched on by a
+# phase: it grows the editor by the propagation module, whose new weights start at their
+# initialisation (see loop.grow_state).
+PHASE_STAGE2_KEYS = (
+    "solve_iters", "solve_prior_px", "fit_maps", "propagate", "seen_prior_px", "map_prior",
+)  # fmt: skip
 PHASE_KEYS = ("name", "data", "optim", "loss", "stage2")
 
 
