@@ -33,6 +33,25 @@ CONSTRAINTS="$VENV/etc/constraints.txt"
 { cat constraints/cpu.txt | grep -v '^torch=='; echo "torch==$TV"; } > "$CONSTRAINTS.tmp"
 mv "$CONSTRAINTS.tmp" "$CONSTRAINTS"
 
+# The browser editor's WebGL viewport library (the PlayCanvas engine), from the pinned lockfile
+# src/splatpainter/web/package-lock.json into src/splatpainter/web/node_modules, which
+# `splatpainter serve` serves locally. Skipped when the lockfile has not changed since the last
+# install (stamp). Without node/npm the editor falls back to server-rendered frames.
+WEBDIR=src/splatpainter/web
+NPM_STAMP="$WEBDIR/node_modules/.splatpainter-npm-stamp"
+NPM_WANT="$(sha256sum "$WEBDIR/package-lock.json" | cut -c1-16)"
+if [ -f "$NPM_STAMP" ] && grep -qxF "$NPM_WANT" "$NPM_STAMP"; then
+    echo "[setup] web viewport library up to date ($WEBDIR/node_modules)"
+elif ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "[setup] NOTE: node and npm are not installed, so the browser editor's WebGL viewport" \
+        "library is not either; \`splatpainter serve\` then shows server-rendered frames, and" \
+        "the browser tests of the viewport skip. Install node >= 18 with npm and rerun this."
+else
+    echo "[setup] installing the web viewport library (npm ci, $WEBDIR/package-lock.json)"
+    (cd "$WEBDIR" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
+    echo "$NPM_WANT" > "$NPM_STAMP"
+fi
+
 # Skip the (slow) pip resolve when nothing that drives it has changed.
 STAMP="$VENV/.setup-stamp"
 WANT="$(cat pyproject.toml constraints/cpu.txt "$CONSTRAINTS" | sha256sum | cut -c1-16) $EXTRAS"

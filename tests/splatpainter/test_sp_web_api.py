@@ -24,6 +24,8 @@ from splatpainter.web import EditorBackend, ServerConfig, create_app
 
 SIZE = 64
 VIEW = {"az": 30.0, "el": 20.0, "zoom": 1.0, "pan_x": 0.0, "pan_y": 0.0}
+JSON_TYPE = {"Content-Type": "application/json"}
+R0 = {"revision": 0}  # a fresh session's revision
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +74,26 @@ def painted(base: np.ndarray, color=(255, 0, 255)) -> np.ndarray:
     return out
 
 
+def revision(client, sid) -> int:
+    return client.get(f"/api/sessions/{sid}").json()["revision"]
+
+
 def apply(client, sid, image, method="backproject", **extra):
+    """An apply made on the session's current revision (unless `revision` says otherwise)."""
     body = {
         "view": {**VIEW, "width": SIZE, "height": SIZE},
         "image": png_url(image),
         "method": method,
         **extra,
     }
+    body.setdefault("revision", revision(client, sid))
     return client.post(f"/api/sessions/{sid}/apply", json=body)
+
+
+def act(client, sid, action, rev=None):
+    """undo, redo, reset, reset_memory or goto/N, made on the current revision by default."""
+    rev = revision(client, sid) if rev is None else rev
+    return client.post(f"/api/sessions/{sid}/{action}", json={"revision": rev})
 
 
 def new_session(client) -> str:
@@ -111,35 +125,41 @@ def test_apply_changes_the_stroke_and_undo_restores(client, method):
     after = frame(client, sid)
     diff = np.abs(after.astype(int) - before.astype(int)).max(-1)
     assert diff[26:38, 26:38].mean() > 20  # the stroke took
-    assert client.post(f"/api/sessions/{sid}/undo").json()["index"] == 0
+    assert act(client, sid, "undo").json()["index"] == 0
     assert np.array_equal(frame(client, sid), before)  # bit-exact restore
-    assert client.post(f"/api/sessions/{sid}/redo").json()["index"] == 1
+    assert act(client, sid, "redo").json()["index"] == 1
     assert np.array_equal(frame(client, sid), after)
 
 
 def test_the_edit_is_fitted_on_the_exact_pixels_of_the_frame(client):
     """The PNG frame of a view, applied unchanged under that view, changes nothing: the
-    server's camera for the edit is the one it rendered the frame with, pixel for pixel.
+    server's camera for the edit is the one it rendered the frame with, pixel for pixel; such
+    an edit adds no history entry and leaves the revision alone.
     (The frame of a view half a degree away, named as this view, does change Gaussians.)"""
     sid = new_session(client)
     base = frame(client, sid)
-    r = apply(client, sid, base)
-    assert r.status_code == 200, r.text
-    assert r.json()["history"][1]["changed_gaussians"] == 0
+    for method in ("backproject", "model"):
+        r = apply(client, sid, base, method=method)
+        assert r.status_code == 200, r.text
+        info = r.json()
+        assert not info["changed"] and len(info["history"]) == 1, info
+        assert info["index"] == 0 and info["revision"] == 0 and not info["can_undo"]
     assert np.array_equal(frame(client, sid), base)
     r = apply(client, sid, frame(client, sid, az=VIEW["az"] + 0.5))
     assert r.status_code == 200, r.text
-    assert r.json()["history"][2]["changed_gaussians"] > 0
+    info = r.json()
+    assert info["changed"] and info["revision"] == 1
+    assert info["history"][1]["changed_gaussians"] > 0
 
 
 def test_history_reset_goto_and_export(client, asset_file):
     sid = new_session(client)
     before = frame(client, sid)
     apply(client, sid, painted(before))
-    info = client.post(f"/api/sessions/{sid}/reset").json()
+    info = act(client, sid, "reset").json()
     assert info["index"] == 2 and [e["label"] for e in info["history"]][-1] == "reset"
     assert np.array_equal(frame(client, sid), before)
-    info = client.post(f"/api/sessions/{sid}/goto/1").json()
+    info = act(client, sid, "goto/1").json()
     assert info["index"] == 1 and info["can_redo"]
     edited = frame(client, sid)
     r = client.get(f"/api/sessions/{sid}/export", params={"format": "ply"})
@@ -153,7 +173,7 @@ def test_history_reset_goto_and_export(client, asset_file):
     assert up.status_code == 200, up.text
     assert up.json()["num_gaussians"] == exported.num_gaussians and up.json()["index"] == 0
     assert not np.array_equal(edited, before)
-    assert client.post(f"/api/sessions/{sid}/goto/9").status_code == 409
+    assert act(client, sid, "goto/9").status_code == 409
 
 
 def test_session_survives_a_server_restart(backend, client):
@@ -176,7 +196,7 @@ def test_session_survives_a_server_restart(backend, client):
         info = c2.get(f"/api/sessions/{sid}").json()
         assert info["index"] == 1 and info["view"]["az"] == 75.0
         assert np.array_equal(frame(c2, sid), edited)
-        assert c2.post(f"/api/sessions/{sid}/undo").status_code == 200
+        assert act(c2, sid, "undo").status_code == 200
         assert np.array_equal(frame(c2, sid), before)
 
 
@@ -229,16 +249,18 @@ def test_malformed_requests_get_clear_4xx(client):
     base = frame(client, sid)
     url = f"/api/sessions/{sid}/apply"
     cases = [
-        (client.post(url, content=b"{not json"), "JSON"),
-        (client.post(url, content=b"[" * 100_000 + b"]" * 100_000), "JSON"),
+        (client.post(url, content=b"{not json", headers=JSON_TYPE), "JSON"),
+        (client.post(url, content=b"[" * 100_000 + b"]" * 100_000, headers=JSON_TYPE), "JSON"),
         (client.post(url, json=[1, 2]), "object"),
         (apply(client, sid, base, method="magic"), "method"),
         (apply(client, sid, base, kind="sparkle"), "kind"),
         (apply(client, sid, base[:32]), "view is 64x64"),
-        (client.post(url, json={"view": {**VIEW, "width": SIZE, "height": SIZE}}), "image"),
-        (client.post(url, json={"view": {**VIEW, "el": 95}, "image": ""}), "view.el"),
+        (client.post(url, json={"view": {**VIEW, "width": SIZE, "height": SIZE}, **R0}), "image"),
+        (client.post(url, json={"view": {**VIEW, "el": 95}, "image": "", **R0}), "view.el"),
         (
-            client.post(url, json={"view": {**VIEW, "width": SIZE, "height": SIZE}, "image": "%%"}),
+            client.post(
+                url, json={"view": {**VIEW, "width": SIZE, "height": SIZE}, "image": "%%", **R0}
+            ),
             "base64",
         ),
         (
@@ -247,17 +269,27 @@ def test_malformed_requests_get_clear_4xx(client):
                 json={
                     "view": {**VIEW, "width": SIZE, "height": SIZE},
                     "image": "data:image/png;base64," + base64.b64encode(b"nope").decode(),
+                    **R0,
                 },
             ),
             "not a readable image",
         ),
-        (client.post(url, json={"view": VIEW, "image": png_url(base), "extra": 1}), "unknown"),
+        (
+            client.post(url, json={"view": VIEW, "image": png_url(base), "extra": 1, **R0}),
+            "unknown",
+        ),
+        (client.post(url, json={"view": VIEW, "image": png_url(base)}), "revision"),
+        (
+            client.post(url, json={"view": VIEW, "image": png_url(base), "revision": "1"}),
+            "revision",
+        ),
         (client.get(f"/api/sessions/{sid}/render", params={"az": "nan"}), "az"),
         (client.get(f"/api/sessions/{sid}/render", params={"w": 100_000}), "width"),
         (client.get(f"/api/sessions/{sid}/render", params={"az": "left"}), "az"),
         (client.get(f"/api/sessions/{sid}/render", params={"fmt": "gif"}), "fmt"),
         (client.get(f"/api/sessions/{sid}/export", params={"format": "obj"}), "format"),
-        (client.post(f"/api/sessions/{sid}/undo"), "nothing to undo"),
+        (act(client, sid, "undo"), "nothing to undo"),
+        (client.post(f"/api/sessions/{sid}/undo", json={**R0, "index": 1}), "unknown"),
         (client.put(f"/api/sessions/{sid}/view", json={"az": "x"}), "view.az"),
     ]
     for r, words in cases:
@@ -276,7 +308,9 @@ def test_malformed_requests_get_clear_4xx(client):
     ihdr = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
     png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
     bomb = "data:image/png;base64," + base64.b64encode(png).decode()
-    r = client.post(url, json={"view": {**VIEW, "width": SIZE, "height": SIZE}, "image": bomb})
+    r = client.post(
+        url, json={"view": {**VIEW, "width": SIZE, "height": SIZE}, "image": bomb, **R0}
+    )
     assert r.status_code == 400 and r.json()["detail"].startswith("image:")
     assert client.get(f"/api/sessions/{sid}").json()["index"] == 0
     assert client.get("/api/health").status_code == 200
@@ -305,8 +339,8 @@ def test_concurrent_sessions_are_independent(client):
     fa, fb = frame(client, a), frame(client, b)
     assert fa[32, 32, 0] > fa[32, 32, 2] and fb[32, 32, 2] > fb[32, 32, 0]
     # undoing one leaves the other alone
-    client.post(f"/api/sessions/{a}/undo")
-    client.post(f"/api/sessions/{a}/undo")
+    assert act(client, a, "undo").status_code == 200
+    assert act(client, a, "undo").status_code == 200
     assert np.array_equal(frame(client, a), base_a)
     assert np.array_equal(frame(client, b), fb)
     assert client.get(f"/api/sessions/{b}").json()["index"] == 2
@@ -316,7 +350,7 @@ def test_busy_session_answers_409(client, backend):
     sid = new_session(client)
     live = backend.store.get(sid)
     with live.lock:
-        r = client.post(f"/api/sessions/{sid}/reset")
+        r = act(client, sid, "reset", rev=0)
     assert r.status_code == 409 and "busy" in r.json()["detail"]
 
 

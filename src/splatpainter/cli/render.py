@@ -39,7 +39,7 @@ def parse_color(text: str) -> tuple[float, float, float]:
 
 @app.command()
 def render(
-    asset_path: Path = typer.Argument(..., metavar="ASSET", help=".ply or .splat file"),
+    asset_path: Path = typer.Argument(..., metavar="ASSET", help=".ply, .splat or .spz file"),
     camera: Path | None = typer.Option(
         None, help="camera JSON: one camera, a list, or INRIA cameras.json"
     ),

@@ -42,7 +42,7 @@ def _is_loopback(host: str) -> bool:
 @app.command()
 def serve(
     asset: Path | None = typer.Argument(
-        None, metavar="ASSET", help=".ply or .splat new sessions start from (default: demo)"
+        None, metavar="ASSET", help=".ply, .splat or .spz new sessions start from (default: demo)"
     ),
     host: str = typer.Option("127.0.0.1", help="interface to listen on (loopback by default)"),
     port: int = typer.Option(7860, min=0, max=65535, help="port (0: any free port)"),
@@ -57,6 +57,24 @@ def serve(
         None, help="where sessions autosave (default: $XDG_DATA_HOME/splatpainter)"
     ),
     max_upload_mb: int = typer.Option(256, min=1, help="largest accepted upload, MiB"),
+    optimize_steps: int = typer.Option(
+        200, min=1, help="--method optimize: Adam steps an edit may take at most"
+    ),
+    optimize_seconds: float = typer.Option(
+        60.0, min=0.0, help="--method optimize: seconds an edit may take at most"
+    ),
+    max_sessions: int = typer.Option(
+        100, min=1, help="sessions kept on disk; the least recently used idle ones are deleted"
+    ),
+    max_disk_mb: int = typer.Option(
+        10240, min=1, help="disk the sessions may use, MiB; the least recently used go first"
+    ),
+    allow_host: list[str] = typer.Option(
+        [],
+        metavar="NAME",
+        help="a Host name to answer to besides the address and localhost (e.g. behind a "
+        "proxy); repeatable. Other names get 421 (DNS rebinding)",
+    ),
 ) -> None:
     """Serve the browser editor: orbit, paint, recolour, apply, undo, export."""
     try:
@@ -77,6 +95,11 @@ def serve(
         default_method=method.value,
         default_kind=kind.value,
         max_upload_bytes=max_upload_mb << 20,
+        optimize_steps=optimize_steps,
+        optimize_seconds=optimize_seconds,
+        max_sessions=max_sessions,
+        max_disk_bytes=max_disk_mb << 20,
+        allowed_hosts=tuple(allow_host),
     )
     sock = bind_socket(host, port)
     try:
@@ -90,6 +113,11 @@ def serve(
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         if not _is_loopback(bound_host):
             note(f"warning: listening on {bound_host}: anyone who can reach it can edit and upload")
+        if backend.store.removed_temps:
+            note(
+                f"removed {len(backend.store.removed_temps)} unfinished save(s) a stopped server "
+                "left behind"
+            )
         typer.echo(f"serving SplatPainter on http://{shown}:{bound_port}/", err=False)
         typer.echo(f"sessions autosave to {config.workdir / 'sessions'}; Ctrl-C stops")
         server = uvicorn.Server(

@@ -93,6 +93,29 @@ class ServerProcess:
             self.proc.wait(timeout=20)
 
 
+def http_call(url: str, method: str, path: str, body=None, headers=None, timeout=600.0):
+    """(status, JSON or bytes) of one real HTTP request to the server at `url`; a dict body is
+    sent as JSON; `headers` may set Host itself (http.client then sends no other)."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        if isinstance(body, dict):
+            body = json.dumps(body).encode()
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        data = r.read()
+        if r.headers.get_content_type() == "application/json":
+            return r.status, json.loads(data)
+        return r.status, data
+    finally:
+        conn.close()
+
+
 def chromium_missing() -> str | None:
     """Why the browser cannot be driven here (None: it can)."""
     try:

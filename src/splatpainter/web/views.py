@@ -89,6 +89,18 @@ def orbit_camera(view: OrbitView, centre: torch.Tensor, radius: float):
     return Camera.from_fov(view.width, view.height, FOV_Y_DEG, look_at(eye, target, up), "web")
 
 
+def orbit_frame(centre: torch.Tensor, radius: float, background: Any) -> dict[str, Any]:
+    """What the page's WebGL viewport needs to compute `orbit_camera` itself (so orbiting
+    makes no request): the bounding sphere, the field of view, the margin, the background."""
+    return {
+        "centre": [float(x) for x in centre.reshape(3).tolist()],
+        "radius": float(radius),
+        "fov_y_deg": FOV_Y_DEG,
+        "margin": MARGIN,
+        "background": [float(b) for b in background],
+    }
+
+
 def to_uint8(rgb: torch.Tensor) -> np.ndarray:
     """[H, W, 3] float in [0, 1] -> uint8, rounded as `save_png` does."""
     return (rgb.detach().cpu().clamp(0, 1).numpy() * 255.0 + 0.5).astype(np.uint8)

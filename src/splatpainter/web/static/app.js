@@ -1,6 +1,9 @@
-// SplatPainter browser editor. Frames come from the server's renderer at the view's full size:
-// JPEG while dragging, PNG (lossless) when the view rests. Paint, mask and colour adjustments are layers
-// over the resting PNG; "Apply" sends their composite with the orbit parameters of that view, so
+// SplatPainter browser editor. The view is rendered in this browser with WebGL (viewport.js): the
+// asset is loaded once, an edit brings only the changed colours, and orbiting asks the server
+// nothing. Where WebGL or the library is missing, frames come from the server's renderer instead
+// (JPEG while dragging, PNG when the view rests), and the status line says so. Either way, paint,
+// mask and colour adjustments are layers over the server's lossless PNG of the view (fetched
+// when editing starts); "Apply" sends their composite with the orbit parameters of that view, so
 // the server fits the edit on exactly the pixels painted on. No network access but this server.
 "use strict";
 
@@ -18,6 +21,10 @@ const sp = {
   edited: null,       // an uploaded edited image for this view
   hasPaint: false, hasMask: false,
   frames: 0, fullFrames: 0, dragFrames: 0, dragSize: null, fps: 0, applying: false,
+  gl: null,           // the WebGL viewport (viewport.js), null: server frames
+  glWhy: null,        // why there is no WebGL viewport
+  glEpoch: -1,        // the epoch the viewport's asset shows
+  glSyncing: false,
 };
 window.sp = sp; // for tests and for poking at it from the console
 
@@ -33,14 +40,115 @@ function status(text, error = false) {
   el.classList.toggle("error", error);
 }
 
+// A failed request throws an Error carrying the HTTP status and the JSON body (`error` says
+// "stale", "busy" or "cancelled" for the 409s of a session's history).
 async function api(path, opts = {}) {
   const r = await fetch(path, opts);
   if (!r.ok) {
-    let detail = r.statusText;
-    try { detail = (await r.json()).detail; } catch (e) { /* not JSON */ }
-    throw new Error(`${r.status}: ${detail}`);
+    let body = {};
+    try { body = await r.json(); } catch (e) { /* not JSON */ }
+    const err = new Error(`${r.status}: ${body.detail || r.statusText}`);
+    err.status = r.status;
+    err.body = body;
+    throw err;
   }
   return r.json();
+}
+
+// A change to the session's history: JSON, made on the revision this page shows (the server
+// refuses it with 409 "stale" when another tab changed the session since).
+function change(sid, action, body = {}) {
+  return api(`/api/sessions/${sid}/${action}`, {
+    method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ ...body, revision: sp.info.revision }),
+  });
+}
+
+const isStale = (e) => e.status === 409 && e.body && e.body.error === "stale";
+const isBusy = (e) => e.status === 409 && e.body && e.body.error === "busy";
+
+// A refused change to the session's history: stale (reload and say so), busy with an edit
+// another tab started (show it running until it ends), or any other error (say it).
+async function refused(sid, e, what = "") {
+  if (isStale(e)) { await reloadStale(sid); return; }
+  status(`${what}${e.message}`, true);
+  if (!isBusy(e)) return;
+  try {
+    const info = await api(`/api/sessions/${sid}`);
+    if (sid === sp.sid && info.busy) { sp.info = { ...sp.info, busy: info.busy }; watchBusy(info); }
+  } catch (err) { /* the message above stands */ }
+}
+
+// Another tab or window changed this session: show its state as it is now and say so.
+async function reloadStale(sid) {
+  try {
+    const info = await api(`/api/sessions/${sid}`);
+    if (sid !== sp.sid) return;
+    sp.edited = null; // an uploaded image was made for the old state
+    showInfo(info);
+    if (locked()) startEditing(); // the kept paint goes over the new state's frame
+    watchBusy(info);
+    status("this session was changed in another tab or window: its state was reloaded and "
+      + "your request was not applied (unapplied paint is kept; apply it again)", true);
+    sp.notice = "stale";
+  } catch (e) {
+    status(`this session changed elsewhere and could not be reloaded: ${e.message}`, true);
+  }
+}
+
+// An edit this page did not start (another tab's, or ours from before a reload) is running:
+// show it and poll until it ends, then show the result.
+let busyTimer = null;
+function watchBusy(info) {
+  clearTimeout(busyTimer);
+  sp.remoteBusy = !!info.busy && !sp.applying;
+  showBusy();
+  if (!sp.remoteBusy) return;
+  const sid = info.id;
+  busyTimer = setTimeout(async () => {
+    try {
+      const now = await api(`/api/sessions/${sid}`);
+      if (sid !== sp.sid) return;
+      if (!now.busy) {
+        sp.remoteBusy = false;
+        // paint restored by a reload during this page's own apply is what that apply applied
+        // (compared with the revision at the reload: a poll during the edit's save already
+        // sees the new revision while the session is still busy)
+        const from = sp.draftBusyRevision;
+        if (from !== null && now.revision !== from) clearEdits();
+        sp.draftBusyRevision = null;
+        showInfo(now);
+        if (locked()) startEditing();
+        showBusy(); showStatusLine();
+        return;
+      }
+      watchBusy(now);
+    } catch (e) { watchBusy(info); }
+  }, 400);
+}
+
+function showBusy() {
+  const running = sp.applying || sp.remoteBusy;
+  $("progress").hidden = !running;
+  $("cancel-apply").hidden = !running;
+  if (sp.remoteBusy && sp.info && sp.info.busy) {
+    $("progress-text").textContent = `${sp.info.busy.what}…`;
+    status(`an edit is running in this session (${sp.info.busy.what}); it shows when done`);
+  } else if (!running) {
+    $("progress-text").textContent = "";
+  }
+  markReady();
+}
+
+async function cancelApply() {
+  const sid = sp.sid;
+  try {
+    const r = await api(`/api/sessions/${sid}/cancel`, { method: "POST" });
+    // (unless the edit's answer came first and said how it ended)
+    if (sid === sp.sid && r.cancelled && (sp.applying || sp.remoteBusy)) status("cancelling the edit…");
+  } catch (e) {
+    status(`cancel failed: ${e.message}`, true);
+  }
 }
 
 const sameView = (a, b) => !!a && !!b && ["az", "el", "zoom", "pan_x", "pan_y"].every((k) => a[k] === b[k]);
@@ -57,9 +165,15 @@ const hsvActive = () => { const a = hsv(); return a.h !== 0 || a.s !== 1 || a.v 
 const hasEdits = () => sp.hasPaint || !!sp.edited || hsvActive();
 const locked = () => hasEdits() || sp.hasMask;
 
+const baseCurrent = () => !!sp.base && sp.baseEpoch === sp.epoch && sameView(sp.baseView, sp.view);
+
+// Ready: the view shows the session's current state, and an edit in progress has the server's
+// frame of this view to be composed on.
 function markReady() {
-  const ready = !!sp.base && sp.baseEpoch === sp.epoch && sameView(sp.baseView, sp.view)
-    && inflight === 0 && !pending && !sp.applying;
+  const shown = sp.gl
+    ? sp.gl.settled && sp.glEpoch === sp.epoch && !sp.glSyncing && (!locked() || baseCurrent())
+    : baseCurrent();
+  const ready = shown && inflight === 0 && !pending && !sp.applying && !sp.remoteBusy;
   document.body.dataset.ready = ready ? "1" : "0";
   document.body.dataset.entry = sp.info ? String(sp.info.index) : "";
   $("apply").disabled = !ready;
@@ -74,6 +188,7 @@ let seq = 0, shownSeq = 0;
 let fpsWindow = [];
 
 function requestFrame(full) {
+  if (sp.gl) { glFrame(); return; }
   pending = { full: full || (pending && pending.full) };
   if (!full) {
     clearTimeout(idleTimer);
@@ -114,7 +229,8 @@ async function pump() {
         sp.base = bmp; sp.baseBlob = blob; sp.baseView = v; sp.baseEpoch = epoch;
         sp.fullFrames += 1;
         $("download-view").href = URL.createObjectURL(blob);
-        scheduleViewSave();
+        scheduleViewSave(true);
+        for (const done of baseWaiters.splice(0)) done(true);
       } else {
         pending = { full: true }; // stale: the view or the asset changed meanwhile
       }
@@ -123,33 +239,105 @@ async function pump() {
     showStatusLine();
   } catch (e) {
     status(`render failed: ${e.message}`, true);
+    if (full) for (const done of baseWaiters.splice(0)) done(false);
   } finally {
     inflight -= 1;
     if (pending) pump(); else markReady();
   }
 }
 
-// The view reaches the server after a pause (it is saved with the session, for a server restart
-// or another browser) and this browser's storage at once, so a reload within the pause still
-// comes back to it.
-function scheduleViewSave() {
+// The view reaches this browser's storage at once, so a reload comes back to it, and the server
+// (saved with the session, for a server restart or another browser) after a pause; with the
+// WebGL viewport only when the server is asked anyway (an edit starts) or the page is left, so
+// that orbiting makes no request.
+let viewDirty = false;
+function scheduleViewSave(toServer = !sp.gl) {
   try { localStorage.setItem(viewKey(), JSON.stringify(sp.view)); } catch (e) { /* not kept */ }
-  clearTimeout(viewSaveTimer);
-  viewSaveTimer = setTimeout(() => {
-    if (!sp.sid) return;
-    fetch(`/api/sessions/${sp.sid}/view`, {
-      method: "PUT", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ ...sp.view, width: SIZE, height: SIZE }),
-    }).catch(() => {});
-  }, 400);
   $("download-camera").href = `/api/sessions/${sp.sid}/camera?${viewQuery(sp.view, SIZE, SIZE)}`;
+  viewDirty = true;
+  if (!toServer) return;
+  clearTimeout(viewSaveTimer);
+  viewSaveTimer = setTimeout(() => putView(false), 400);
+}
+
+function putView(keepalive) {
+  if (!sp.sid || !viewDirty) return;
+  viewDirty = false;
+  fetch(`/api/sessions/${sp.sid}/view`, {
+    method: "PUT", headers: { "Content-Type": "application/json" }, keepalive,
+    body: JSON.stringify({ ...sp.view, width: SIZE, height: SIZE }),
+  }).catch(() => {});
+}
+window.addEventListener("pagehide", () => putView(true));
+document.addEventListener("visibilitychange", () => { if (document.hidden) putView(true); });
+
+// ------------------------------------------------------------------ the WebGL viewport
+// The view is drawn in this browser; the server is asked only for the asset's state after a
+// change (a colour delta) and, when an edit starts, for its own frame of the view.
+function glFrame() {
+  sp.gl.setView(sp.view);
+  scheduleViewSave(false);
+  if (sp.glEpoch !== sp.epoch) glSync();
+  markReady();
+  showStatusLine();
+}
+
+// "Download view" gives the server's frame of the view (fetched on the first click).
+$("download-view").addEventListener("click", (e) => {
+  if (!sp.gl || baseCurrent()) return;
+  e.preventDefault();
+  ensureBase().then((ok) => { if (ok) $("download-view").click(); });
+});
+
+async function glSync() {
+  if (sp.glSyncing) return; // the running sync looks again when it ends
+  sp.glSyncing = true;
+  const epoch = sp.epoch, sid = sp.sid;
+  markReady();
+  try {
+    await sp.gl.sync(sid);
+    if (sid === sp.sid) sp.glEpoch = epoch;
+  } catch (e) {
+    glFallback(`the WebGL viewport failed (${e.message})`);
+    return;
+  } finally {
+    sp.glSyncing = false;
+  }
+  if (sp.gl && sp.glEpoch !== sp.epoch) glSync();
+  markReady();
+}
+
+// No WebGL viewport (no WebGL2, the library is not installed, or it failed): server frames.
+function glFallback(why) {
+  sp.glWhy = why;
+  sp.gl = null;
+  sp.glSyncing = false;
+  document.body.dataset.viewport = "server";
+  $("gl").hidden = true;
+  status(`${why}: showing frames rendered by the server instead`, true);
+  requestFrame(true);
+}
+
+// The server's lossless frame of the current view, which an edit is composed on (one request
+// when editing starts; never while orbiting).
+let baseWaiters = [];
+function ensureBase() {
+  if (baseCurrent()) return Promise.resolve(true);
+  return new Promise((resolve) => {
+    baseWaiters.push(resolve);
+    if (!pending) pending = { full: true };
+    pump();
+  });
 }
 
 function showStatusLine() {
-  if (!sp.info || sp.applying) return;
+  // a running edit's progress, and a notice until the next action, stay in view
+  if (!sp.info || sp.applying || sp.remoteBusy || sp.notice) return;
   const busy = locked() ? " · view locked while editing (apply or clear)" : "";
-  const fps = drag && drag.mode !== "paint" && sp.fps ? ` · ${sp.fps.toFixed(1)} fps` : "";
-  status(`${sp.info.num_gaussians} Gaussians · entry ${sp.info.index}${fps}${busy}`);
+  const rate = sp.gl ? sp.gl.fps : sp.fps;
+  const fps = drag && drag.mode !== "paint" && rate ? ` · ${rate.toFixed(1)} fps` : "";
+  const where = sp.gl ? " · WebGL view" : sp.glWhy ? " · server frames (no WebGL viewport)" : "";
+  status(`${sp.info.num_gaussians} Gaussians · entry ${sp.info.index}${fps}${where}${busy}`);
 }
 
 // ------------------------------------------------------------------ drawing
@@ -207,7 +395,9 @@ function compose(target, source) {
 }
 
 function redraw() {
-  const source = sp.edited || (locked() && sp.base ? sp.base : sp.frame);
+  // with the WebGL viewport the screen is a transparent layer over it, opaque only while an
+  // edit shows the server's frame it is composed on
+  const source = sp.edited || (locked() && baseCurrent() ? sp.base : sp.gl ? null : sp.frame);
   compose(screen, source);
   const b = brush();
   if (tool() === "brush" && !$("mask-layer").checked) {
@@ -362,8 +552,11 @@ function restoreDraft(draft, info) {
     if (!url) continue;
     const img = new Image();
     img.onload = () => {
+      // (loaded late: the session moved on meanwhile, e.g. the edit running at a reload ended)
+      if (sp.sid !== info.id || !sp.info || sp.info.index !== draft.index) return;
       l.getContext("2d").drawImage(img, 0, 0);
       sp[flag] = true;
+      startEditing(); // the paint goes over the server's frame of this view
       redraw(); showStatusLine(); markReady(); saveDraft();
     };
     img.src = url;
@@ -383,7 +576,13 @@ screen.addEventListener("pointerdown", (e) => {
   const [x, y] = canvasXY(e);
   const painting = tool() !== "orbit" && e.button === 0 && !e.shiftKey;
   if (painting) {
-    if (!sp.base || !sameView(sp.baseView, sp.view) || sp.baseEpoch !== sp.epoch) {
+    if (sp.gl) {
+      if (!sp.gl.settled || sp.glEpoch !== sp.epoch) {
+        status("wait for the view to finish drawing before painting", true);
+        return;
+      }
+      startEditing();
+    } else if (!baseCurrent()) {
       status("wait for the view to finish rendering before painting", true);
       return;
     }
@@ -435,10 +634,11 @@ screen.addEventListener("wheel", (e) => {
 // ------------------------------------------------------------------ session and history
 function showInfo(info) {
   const changed = !sp.info || sp.info.id !== info.id || sp.info.index !== info.index
-    || sp.info.history.length !== info.history.length;
+    || sp.info.history.length !== info.history.length || sp.info.revision !== info.revision;
   sp.info = info;
   if (changed) { sp.epoch += 1; requestFrame(true); }
   $("asset-name").textContent = `${info.name} · ${info.num_gaussians} Gaussians`;
+  if (typeof info.selected === "number") showSelected(info.selected);
   $("undo").disabled = !info.can_undo;
   $("redo").disabled = !info.can_redo;
   $("export-ply").href = `/api/sessions/${info.id}/export?format=ply`;
@@ -471,9 +671,14 @@ function setSession(info) {
   sp.base = null; sp.frame = null;
   clearEdits();
   sp.info = null;
+  sp.applying = false; // an apply of the session left behind no longer concerns this page
+  sp.notice = null;
   showInfo(info);
+  watchBusy(info);
   if (resume) scheduleViewSave();
+  sp.draftBusyRevision = info.busy && resume ? info.revision : null;
   restoreDraft(draft, info);
+  refreshSessions();
 }
 
 function history_replace(id) {
@@ -481,17 +686,30 @@ function history_replace(id) {
 }
 
 async function historyAction(action) {
-  if (sp.applying) return;
+  if (sp.applying || sp.remoteBusy || !sp.info) return;
+  const sid = sp.sid;
+  sp.notice = null;
   try {
-    showInfo(await api(`/api/sessions/${sp.sid}/${action}`, { method: "POST" }));
+    const info = await change(sid, action);
+    if (sid !== sp.sid) return; // another session was opened meanwhile
+    showInfo(info);
     clearEdits();
   } catch (e) {
-    status(e.message, true);
+    if (sid !== sp.sid) return;
+    await refused(sid, e);
   }
 }
 
+// Editing starts: fetch the server's frame of this view (and tell it the view), then show it.
+function startEditing() {
+  if (!sp.gl || baseCurrent()) return;
+  putView(false);
+  ensureBase().then((ok) => { if (ok) { redraw(); showStatusLine(); } markReady(); });
+}
+
 async function applyEdit() {
-  if (!sp.base || sp.baseEpoch !== sp.epoch || !sameView(sp.baseView, sp.view)) {
+  if (sp.gl && !baseCurrent()) await ensureBase();
+  if (!baseCurrent()) {
     status("wait for the view to finish rendering", true);
     return;
   }
@@ -507,6 +725,7 @@ async function applyEdit() {
     method: $("method").value,
     kind: $("kind").value,
   };
+  if ($("limit-selection").checked) body.selection_only = true;
   if (sp.hasMask) {
     const c = work.getContext("2d");
     c.fillStyle = "#000";
@@ -514,33 +733,53 @@ async function applyEdit() {
     c.drawImage(maskLayer, 0, 0);
     body.mask = work.toDataURL("image/png");
   }
+  const sid = sp.sid, mine = ++applySeq;
+  sp.notice = null;
   sp.applying = true;
-  markReady();
-  $("progress").hidden = false;
+  showBusy();
   const t0 = performance.now();
   const tick = setInterval(() => {
-    $("progress-text").textContent = `${body.method}: ${((performance.now() - t0) / 1000).toFixed(1)} s`;
+    if (mine === applySeq && sid === sp.sid) {
+      $("progress-text").textContent = `${body.method}: ${((performance.now() - t0) / 1000).toFixed(1)} s`;
+    }
   }, 100);
   status(`applying with ${body.method}…`);
+  // (not `change`: the request names the revision the painted-on frame was rendered at)
+  body.revision = sp.info.revision;
   try {
-    const info = await api(`/api/sessions/${sp.sid}/apply`, {
+    const info = await api(`/api/sessions/${sid}/apply`, {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
     });
+    if (sid !== sp.sid) { // the user opened another session meanwhile: it stays as it is
+      status(`the edit finished in the session left behind (${sid.slice(0, 8)}…)`);
+      return;
+    }
     clearEdits();
     sp.applying = false;
     showInfo(info);
-    const last = info.history[info.index];
-    status(`applied with ${body.method} in ${info.seconds.toFixed(2)} s: ${last.changed_gaussians} Gaussians changed`);
+    if (!info.changed) {
+      status(`the edit changed no Gaussian (${body.method}); nothing was added to the history`);
+    } else {
+      const last = info.history[info.index];
+      status(`applied with ${body.method} in ${info.seconds.toFixed(2)} s: ${last.changed_gaussians} Gaussians changed`);
+    }
   } catch (e) {
-    status(`apply failed: ${e.message}`, true);
+    if (sid !== sp.sid) return;
+    if (e.status === 409 && e.body && e.body.error === "cancelled") {
+      status("the edit was cancelled; nothing changed");
+    } else {
+      sp.applying = false;
+      await refused(sid, e, "apply failed: ");
+    }
   } finally {
-    sp.applying = false;
     clearInterval(tick);
-    $("progress").hidden = true;
-    $("progress-text").textContent = "";
-    markReady();
+    if (mine === applySeq && sid === sp.sid) {
+      sp.applying = false;
+      showBusy();
+    }
   }
 }
+let applySeq = 0;
 
 async function openUpload(file) {
   status(`uploading ${file.name}…`);
@@ -561,7 +800,8 @@ async function uploadEdited(file) {
       status(`the image is ${bmp.width}x${bmp.height}; scaled to the ${SIZE}x${SIZE} view`);
       bmp = await createImageBitmap(file, { resizeWidth: SIZE, resizeHeight: SIZE, resizeQuality: "high" });
     }
-    if (!sp.base || !sameView(sp.baseView, sp.view)) throw new Error("wait for the view to finish rendering");
+    if (sp.gl) await ensureBase();
+    if (!baseCurrent()) throw new Error("wait for the view to finish rendering");
     sp.edited = bmp;
     redraw();
     showStatusLine();
@@ -575,7 +815,7 @@ async function uploadEdited(file) {
 for (const id of ["brush-size", "brush-opacity", "brush-hardness", "hsv-h", "hsv-s", "hsv-v"]) {
   $(id).addEventListener("input", () => {
     $(`${id}-out`).textContent = $(id).value;
-    if (id.startsWith("hsv")) { redraw(); showStatusLine(); markReady(); }
+    if (id.startsWith("hsv")) { startEditing(); redraw(); showStatusLine(); markReady(); }
   });
 }
 for (const id of SETTINGS) for (const ev of ["input", "change"]) $(id).addEventListener(ev, saveSettings);
@@ -595,15 +835,134 @@ $("upload-edit").addEventListener("change", (e) => { if (e.target.files[0]) uplo
 $("new-session").addEventListener("click", async () => {
   try { setSession(await api("/api/sessions", { method: "POST" })); } catch (e) { status(e.message, true); }
 });
+$("cancel-apply").addEventListener("click", cancelApply);
+$("refresh-sessions").addEventListener("click", refreshSessions);
+$("select-mask").addEventListener("click", selectUnderMask);
+$("select-invert").addEventListener("click", () => selectionRequest({ op: "invert" }));
+$("select-none").addEventListener("click", () => selectionRequest({ op: "none" }));
+$("adjust-selection").addEventListener("click", () => selectionEdit("adjust"));
+$("delete-selection").addEventListener("click", () => selectionEdit("delete"));
+
+// ------------------------------------------------------------------ 3D selection
+// The server keeps the session's selection (Gaussians, not pixels): the mask layer painted
+// on a view selects every Gaussian whose centre lies under it; delete and colour adjustment
+// are history entries like any edit, and "Only the selection" limits an applied edit to it.
+function showSelected(n) {
+  sp.selected = n;
+  $("selected-count").textContent = `${n} selected`;
+  $("delete-selection").disabled = !n;
+  $("adjust-selection").disabled = !n;
+}
+
+async function selectionRequest(body) {
+  const sid = sp.sid;
+  try {
+    const r = await api(`/api/sessions/${sid}/selection`, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+    if (sid === sp.sid) showSelected(r.selected);
+    return sid === sp.sid;
+  } catch (e) {
+    status(`selection failed: ${e.message}`, true);
+    return false;
+  }
+}
+
+async function selectUnderMask() {
+  if (!sp.hasMask) {
+    status("paint the mask layer over the Gaussians to select first", true);
+    return;
+  }
+  const c = work.getContext("2d");
+  c.globalCompositeOperation = "source-over";
+  c.fillStyle = "#000";
+  c.fillRect(0, 0, SIZE, SIZE);
+  c.drawImage(maskLayer, 0, 0);
+  const under = { view: { ...sp.view, width: SIZE, height: SIZE }, mask: work.toDataURL("image/png") };
+  if (await selectionRequest({ brush: under, mode: $("sel-mode").value })) {
+    maskLayer.getContext("2d").clearRect(0, 0, SIZE, SIZE);
+    sp.hasMask = false;
+    redraw(); saveDraft(); showStatusLine(); markReady();
+  }
+}
+
+async function selectionEdit(what) {
+  if (sp.applying || sp.remoteBusy || !sp.info) return;
+  const sid = sp.sid;
+  sp.notice = null;
+  const body = what === "adjust"
+    ? { hue: +$("hsv-h").value, saturation: +$("hsv-s").value, brightness: +$("hsv-v").value } : {};
+  try {
+    const info = await change(sid, `selection/${what}`, body);
+    if (sid !== sp.sid) return;
+    clearEdits();
+    showInfo(info);
+    status(info.changed ? `${what === "delete" ? "deleted" : "adjusted"} ${info.selected} selected Gaussians`
+      : "that changed no Gaussian; nothing was added to the history");
+  } catch (e) {
+    if (sid !== sp.sid) return;
+    await refused(sid, e);
+  }
+}
 document.addEventListener("keydown", (e) => {
   if (!(e.ctrlKey || e.metaKey)) return;
-  if (e.key === "z") { e.preventDefault(); historyAction(e.shiftKey ? "redo" : "undo"); }
-  if (e.key === "y") { e.preventDefault(); historyAction("redo"); }
+  const key = e.key.toLowerCase(); // with Shift held, e.key is "Z"
+  if (key === "z") { e.preventDefault(); historyAction(e.shiftKey ? "redo" : "undo"); }
+  if (key === "y") { e.preventDefault(); historyAction("redo"); }
 });
+
+// ------------------------------------------------------------------ the session list
+async function refreshSessions() {
+  try {
+    const { sessions } = await api("/api/sessions");
+    const list = $("sessions");
+    list.replaceChildren();
+    for (const s of sessions) {
+      const li = document.createElement("li");
+      const when = new Date(s.used * 1000).toLocaleString();
+      const n = s.entries ? ` · ${s.entries - 1} edit${s.entries === 2 ? "" : "s"}` : "";
+      li.textContent = `${s.name}${n} · ${when}`;
+      li.dataset.id = s.id;
+      li.title = s.id;
+      li.classList.toggle("current", s.id === sp.sid);
+      li.addEventListener("click", () => openSession(s.id));
+      list.appendChild(li);
+    }
+  } catch (e) {
+    status(`could not list the sessions: ${e.message}`, true);
+  }
+}
+
+async function openSession(id) {
+  if (id === sp.sid) return;
+  try { setSession(await api(`/api/sessions/${id}`)); } catch (e) {
+    status(`could not open that session: ${e.message}`, true);
+    refreshSessions();
+  }
+}
+
+// The WebGL viewport, or the reason there is none (then frames come from the server).
+async function startViewport() {
+  const missing = sp.cfg.viewport_missing;
+  try {
+    if (missing) throw new Error(missing);
+    const { createViewport } = await import("/static/viewport.js");
+    sp.gl = await createViewport($("gl"), SIZE);
+    sp.gl.onSettled = () => { markReady(); showStatusLine(); };
+    document.body.dataset.viewport = "webgl";
+  } catch (e) {
+    sp.gl = null;
+    sp.glWhy = `no WebGL viewport: ${e.message}`;
+    document.body.dataset.viewport = "server";
+    $("gl").hidden = true;
+    console.warn(`${sp.glWhy}; frames come from the server`);
+  }
+}
 
 async function start() {
   try {
     sp.cfg = await api("/api/config");
+    await startViewport();
     for (const [sel, items, def] of [["method", sp.cfg.methods, sp.cfg.default_method], ["kind", sp.cfg.kinds, sp.cfg.default_kind]]) {
       for (const m of items) $(sel).add(new Option(m, m, m === def, m === def));
     }

@@ -1,0 +1,185 @@
+"""Selecting Gaussians in 3D for the browser editor, and the exact edits of a selection.
+
+A selection is a boolean mask over the asset's Gaussians (the asset's order never changes, so it
+stays valid across edits): a box or a sphere in world coordinates, or a brush in screen space
+(every Gaussian whose centre projects under the painted pixels of a view, hidden ones too, as
+a floater behind the object must be reachable).  What it is for: an edit limited to it (the
+other Gaussians keep their bits), an exact colour adjustment, and deleting floaters.  None of
+this needs the editor model; it is arithmetic on the asset.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from splatpainter.assets.gaussians import SH_C0
+from splatpainter.web.views import WebInputError
+
+MODES = ("replace", "add", "subtract")
+DELETED_LOGIT = -30.0  # opacity ~1e-13: below the renderer's 1/255 cut, in every viewer
+
+
+def _vec3(value, what: str) -> torch.Tensor:
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
+        raise WebInputError(f"{what} must be a list of 3 numbers, got {value!r}")
+    out = []
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise WebInputError(f"{what} must hold 3 finite numbers, got {value!r}")
+        out.append(float(x))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def select_box(means: torch.Tensor, lo, hi) -> torch.Tensor:
+    """Gaussians whose centre lies in the axis-aligned box [lo, hi] (world coordinates)."""
+    lo, hi = _vec3(lo, "box.min"), _vec3(hi, "box.max")
+    if bool((lo > hi).any()):
+        raise WebInputError(f"box.min must not exceed box.max, got {lo.tolist()} > {hi.tolist()}")
+    m = means.detach().double().cpu()
+    return ((m >= lo) & (m <= hi)).all(-1)
+
+
+def select_sphere(means: torch.Tensor, centre, radius) -> torch.Tensor:
+    """Gaussians whose centre lies within `radius` of `centre` (world coordinates)."""
+    c = _vec3(centre, "sphere.centre")
+    if isinstance(radius, bool) or not isinstance(radius, (int, float)) or not radius >= 0:
+        raise WebInputError(f"sphere.radius must be a number >= 0, got {radius!r}")
+    if not math.isfinite(radius):
+        raise WebInputError("sphere.radius must be finite")
+    m = means.detach().double().cpu()
+    return ((m - c) ** 2).sum(-1) <= float(radius) ** 2
+
+
+def select_brush(means: torch.Tensor, camera, mask: torch.Tensor) -> torch.Tensor:
+    """Gaussians in front of `camera` whose centre projects onto a painted pixel of `mask`
+    [H, W] (values in 0..1; painted: >= 0.5), whatever is in front of them."""
+    h, w = mask.shape
+    uv, z = camera.project(means.detach().to(torch.float64).cpu())
+    col, row = torch.floor(uv[:, 0]), torch.floor(uv[:, 1])
+    inside = (z > 0) & (col >= 0) & (col < w) & (row >= 0) & (row < h)
+    out = torch.zeros(means.shape[0], dtype=torch.bool)
+    idx = inside.nonzero().squeeze(-1)
+    out[idx] = mask[row[idx].long(), col[idx].long()] >= 0.5
+    return out
+
+
+def combine(current: torch.Tensor | None, new: torch.Tensor, mode: str) -> torch.Tensor:
+    """The selection after `mode` (replace, add, subtract) with `new`."""
+    if mode not in MODES:
+        raise WebInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "replace" or current is None:
+        return new.clone() if mode != "subtract" else torch.zeros_like(new)
+    return current | new if mode == "add" else current & ~new
+
+
+def restrict(before, after, selected: torch.Tensor):
+    """`after` where `selected`, `before` (bit for bit) elsewhere: an edit limited to it."""
+    from splatpainter.edit.methods import write_back
+
+    names = ("means", "quats", "log_scales", "opacity_logits", "sh")
+    return write_back(
+        before, selected.to(before.means.device), **{n: getattr(after, n) for n in names}
+    )
+
+
+def delete(asset, selected: torch.Tensor):
+    """The selected Gaussians made fully transparent (kept, so the asset's order and every
+    history entry stay aligned; undo brings them back)."""
+    from splatpainter.edit.methods import write_back
+
+    gone = torch.full_like(asset.opacity_logits, DELETED_LOGIT)
+    return write_back(asset, selected.to(asset.means.device), opacity_logits=gone)
+
+
+def _rgb_to_hsv(rgb: torch.Tensor) -> torch.Tensor:
+    r, g, b = rgb.unbind(-1)
+    mx, mn = rgb.amax(-1), rgb.amin(-1)
+    c = mx - mn
+    safe = torch.where(c > 0, c, torch.ones_like(c))
+    hue = torch.where(
+        mx == r,
+        torch.remainder((g - b) / safe, 6.0),
+        torch.where(mx == g, (b - r) / safe + 2.0, (r - g) / safe + 4.0),
+    )
+    hue = torch.where(c > 0, hue * 60.0, torch.zeros_like(hue))
+    sat = torch.where(
+        mx > 0, c / torch.where(mx > 0, mx, torch.ones_like(mx)), torch.zeros_like(mx)
+    )
+    return torch.stack([hue, sat, mx], -1)
+
+
+def _hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
+    hue, sat, val = hsv.unbind(-1)
+    c = val * sat
+    hp = hue / 60.0
+    x = c * (1 - torch.abs(torch.remainder(hp, 2.0) - 1))
+    zero = torch.zeros_like(c)
+    sector = torch.clamp(torch.floor(hp), 0, 5).long()
+    table = torch.stack(
+        [
+            torch.stack([c, x, zero], -1),
+            torch.stack([x, c, zero], -1),
+            torch.stack([zero, c, x], -1),
+            torch.stack([zero, x, c], -1),
+            torch.stack([x, zero, c], -1),
+            torch.stack([c, zero, x], -1),
+        ],
+        1,
+    )
+    rgb = table[torch.arange(len(sector)), sector]
+    return rgb + (val - c)[:, None]
+
+
+def hsv_matrix(hue: float, saturation: float, brightness: float) -> torch.Tensor:
+    """The linear colour map [3, 3] for the view-dependent SH bands (colour deviations): a
+    rotation by `hue` about the grey axis, `saturation` scaling the part off that axis, then
+    `brightness` scaling all."""
+    grey = torch.full((3, 3), 1.0 / 3.0, dtype=torch.float64)
+    a = math.radians(hue)
+    k = torch.tensor([[0, -1, 1], [1, 0, -1], [-1, 1, 0]], dtype=torch.float64) / math.sqrt(3)
+    rot = torch.eye(3, dtype=torch.float64) + math.sin(a) * k + (1 - math.cos(a)) * (k @ k)
+    return brightness * (grey + saturation * rot @ (torch.eye(3, dtype=torch.float64) - grey))
+
+
+def check_hsv(hue, saturation, brightness) -> tuple[float, float, float]:
+    """The adjustment's numbers, range-checked (hue in degrees, the others factors)."""
+    out = []
+    for name, v, lo, hi in (
+        ("hue", hue, -360.0, 360.0),
+        ("saturation", saturation, 0.0, 10.0),
+        ("brightness", brightness, 0.0, 10.0),
+    ):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+            raise WebInputError(f"{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
+        out.append(float(v))
+    return out[0], out[1], out[2]
+
+
+def adjust_hsv(asset, selected: torch.Tensor, hue: float, saturation: float, brightness: float):
+    """The selected Gaussians' base colour (0.5 + C0 * SH DC, negatives as 0) moved exactly in
+    HSV: hue + `hue` degrees, saturation x `saturation` (at most 1), value x `brightness` (not
+    capped: a 3D colour may exceed 1); the higher SH bands by `hsv_matrix`.  The others keep
+    their bits."""
+    from splatpainter.assets.gaussians import map_sh_bands
+    from splatpainter.edit.methods import write_back
+
+    sel = selected.to(asset.sh.device)
+    rows = sel.nonzero().squeeze(-1)
+    dc = asset.sh[rows, 0, :].double()
+    hsv = _rgb_to_hsv((0.5 + SH_C0 * dc).clamp_min(0.0))
+    hsv = torch.stack(
+        [
+            torch.remainder(hsv[:, 0] + hue, 360.0),
+            (hsv[:, 1] * saturation).clamp(0.0, 1.0),
+            hsv[:, 2] * brightness,
+        ],
+        -1,
+    )
+    sh = asset.sh.clone()
+    sh[rows, 0, :] = ((_hsv_to_rgb(hsv) - 0.5) / SH_C0).to(sh.dtype)
+    if sh.shape[1] > 1:
+        m = hsv_matrix(hue, saturation, brightness).expand(len(rows), 3, 3)
+        sh[rows, 1:, :] = map_sh_bands(asset.sh[rows, 1:, :].double(), m).to(sh.dtype)
+    return write_back(asset, sel, sh=sh)
