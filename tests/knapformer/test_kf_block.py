@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from knapformer.models.block import PackedTransformer, local_attention
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _dist_utils import run_workers
+from _reference_model import PackedTransformer, local_attention
 
 IN_DIM, D_MODEL, HEADS, BLOCKS = 6, 16, 4, 2
 
@@ -83,10 +82,10 @@ def _reverse_chunk_order(bal) -> None:
 
 def block_worker(rank: int, world: int, cases: list[tuple[str, list[list[int]], list[str]]]):
     import torch.distributed as dist
+    from _reference_model import balanced_forward
 
     import knapformer.distributed.balancer as balancer_mod
     from knapformer.distributed import Balancer
-    from knapformer.models.block import balanced_forward
     from knapformer.planning.cost import CostModel
 
     results = []

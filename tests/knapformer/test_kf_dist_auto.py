@@ -216,11 +216,11 @@ def auto_worker(rank: int, world: int, case: dict) -> dict:
 
     import torch
     import torch.distributed as dist
+    from _reference_model import balanced_forward, local_attention
     from test_kf_block import _model, _packed
     from test_kf_dist import _check_balancer
 
     from knapformer.distributed import Balancer
-    from knapformer.models.block import balanced_forward, local_attention
 
     os.environ.pop("LOCAL_WORLD_SIZE", None)  # gpus_per_node from the arguments only
     out: dict = {"errors": {}, "counters": {}}

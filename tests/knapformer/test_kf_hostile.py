@@ -122,18 +122,17 @@ def test_simulate_reports_progress_for_every_planned_step():
 
 
 def test_calibration_timing_reports_every_run():
-    import torch
-
-    from knapformer.calibration.timing import time_forward_backward
+    from knapformer.calibration.blocks import calibrate_blocks
+    from knapformer.models.mmdit import mmdit_config
 
     seen = []
-    lin = torch.nn.Linear(4, 4)
-    time_forward_backward(
-        lin, lambda n: ((torch.randn(n, 4),), {}), [2, 3], repeats=2, warmup=1,
+    calibrate_blocks(
+        mmdit_config("tiny"), [64, 128, 256, 512, 1024], (1, 2), repeats=1, warmup=1,
         on_run=lambda d, t: seen.append((d, t)),
     )  # fmt: skip
     assert [d for d, _ in seen] == list(range(1, len(seen) + 1))
-    assert seen[-1][0] == seen[-1][1] >= 2 * 3  # the final total is exact
+    # 2 block types x (5 lengths + 3 packed) x 2 bag sizes x (warmup + repeat)
+    assert seen[-1][0] == seen[-1][1] == 2 * 16 * 2
 
 
 def test_every_result_command_has_json_and_lists_choices():

@@ -19,21 +19,24 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def test_device_varlen_attention_matches_sdpa():
+    """The device kernel (bf16 on CUDA: flash-attn or torch's varlen_attn), with and without
+    host offsets, against the exact per-sequence SDPA path (fp32)."""
     from knapformer.attention.varlen import varlen_attention
-    from knapformer.models.mmdit import device_varlen_attention
 
     torch.manual_seed(0)
     lens = [7, 130, 1, 64]
     T, H, D = sum(lens), 4, 64
     q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda")
-    out = device_varlen_attention(q, k, v, cu.to(torch.int32), max(lens))
+    cu_host = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    cu = torch.tensor(cu_host, device="cuda")
     ref = varlen_attention(q.float(), k.float(), v.float(), cu, max(lens))
-    torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
+    for host in (None, cu_host):
+        out = varlen_attention(q, k, v, cu.to(torch.int32), max(lens), cu_seqlens_host=host)
+        torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
 
 
 def test_balanced_ops_add_no_host_sync(tmp_path):
-    """route, attention (Ulysses hooks + varlen attention, both shipped attention functions),
+    """route, attention (Ulysses hooks + the varlen attention dispatch),
     reverse_route and their backward, under ``set_sync_debug_mode("error")``, with the
     ``"cpu:gloo,cuda:nccl"`` backend the README asks for (agreement on the CPU): on the second
     step of a plan and, after a new ``plan_step``, on the first (pinned, non-blocking uploads
@@ -41,7 +44,6 @@ def test_balanced_ops_add_no_host_sync(tmp_path):
     import torch.distributed as dist
 
     from knapformer.distributed.balancer import Balancer
-    from knapformer.models.mmdit import device_varlen_attention
     from knapformer.planning.cost import CostModel
 
     torch.cuda.set_device(0)
@@ -62,7 +64,7 @@ def test_balanced_ops_add_no_host_sync(tmp_path):
         def layer() -> torch.Tensor:
             y, p = bal.route(x, pos)
             q = (y + p[:, None].to(y.dtype)).view(T, 4, 64)
-            a = bal.attention(q, q, q, attn_fn=device_varlen_attention)
+            a = bal.attention(q, q, q)
             z = bal.reverse_route(a.reshape(T, -1))
             z.float().square().sum().backward()
             return z

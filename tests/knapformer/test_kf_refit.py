@@ -91,7 +91,7 @@ def test_refit_state_round_trips_and_bad_input_is_named():
         rec = {
             "step": s + 1,
             "rank_cost_features": X[2 * s : 2 * s + 2].tolist(),
-            "rank_compute_cpu_s": y[2 * s : 2 * s + 2].tolist(),
+            "rank_busy_s": y[2 * s : 2 * s + 2].tolist(),
         }
         r.observe(rec)
     assert r.steps == [2, 3, 4, 5, 6]  # the process's first step is left out

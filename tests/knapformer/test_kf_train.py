@@ -36,8 +36,8 @@ TINY = TINY_TRAIN
 FIELDS = {
     "step",
     "loss",
-    "rank_compute_cpu_s",
-    "rank_compute_wall_s",
+    "step_wall_s",
+    "rank_busy_s",
     "rank_tokens",
     "layout",
     "plan_ms",
@@ -156,7 +156,7 @@ def test_balanced_losses_match_unbalanced(tmp_path):
     assert set(auto[0]) >= FIELDS
     for b, u in zip(auto, none, strict=True):
         assert abs(b["loss"] - u["loss"]) <= 1e-5 * abs(u["loss"]), (b["loss"], u["loss"])
-        assert len(b["rank_compute_cpu_s"]) == 2 and len(b["rank_tokens"]) == 2
+        assert len(b["rank_busy_s"]) == 2 and len(b["rank_tokens"]) == 2
         assert sum(b["rank_tokens"]) == sum(u["rank_tokens"])  # every token computed once
     assert auto[0]["layout"] != "none" and none[0]["layout"] == "none"
     assert auto[0]["modelled_max_over_mean"] < none[0]["modelled_max_over_mean"]
@@ -302,7 +302,7 @@ def test_online_refit_plans_later_steps_with_the_fitted_model(tmp_path):
     coef = np.array([model.a, model.b, model.c, model.e, model.f, model.u])
     # fitted to measured CPU seconds (the starting model counts FLOPs): its times match theirs
     ratio = np.concatenate(
-        [np.asarray(r["rank_cost_features"]) @ coef / r["rank_compute_cpu_s"] for r in full[1:4]]
+        [np.asarray(r["rank_cost_features"]) @ coef / r["rank_busy_s"] for r in full[1:4]]
     )
     assert 0.2 < float(np.median(ratio)) < 5.0
     for rec in full[4:6]:  # steps 5 and 6 plan (and model their times) with it, on both ranks
@@ -416,7 +416,7 @@ def test_per_block_type_calibration_feeds_one_cost_model():
 def test_round_factors_are_taken_out_of_block_timings():
     import numpy as np
 
-    from knapformer.train.costs import _median_polish
+    from knapformer.calibration.blocks import _median_polish
 
     rng = np.random.default_rng(0)
     level = np.array([3e-3, 7e-3, 2e-2, 9e-2])
@@ -434,10 +434,11 @@ def bag_overhead_worker(rank: int, world: int, raw: dict):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    from knapformer.calibration.clock import CPUClock
     from knapformer.data.synthetic import SyntheticMixture
     from knapformer.train.config import apply_overrides, build_config
     from knapformer.train.costs import flops_cost, measure_bag_overhead
-    from knapformer.train.loop import ThreadClock, build_run, train_step
+    from knapformer.train.loop import build_run, train_step
 
     cfg = build_config(apply_overrides(raw, {"balance.balancer": "g2n1"}))
     mcfg = cfg.model_config()
@@ -449,7 +450,7 @@ def bag_overhead_worker(rank: int, world: int, raw: dict):
     cost = dataclasses.replace(flops, f=1e6, u=4e6)
     model, bal, optim = build_run(cfg, cost, mesh, cpu)
     data = SyntheticMixture(cfg.data.codes, mcfg, world, text_tokens_max=4)
-    rec = train_step(model, bal, optim, data.batch(1, rank), 1, cost, ThreadClock(), cpu)
+    rec = train_step(model, bal, optim, data.batch(1, rank), 1, cost, CPUClock(), cpu)
     return {
         "u": measured.u,
         "rest_unchanged": dataclasses.replace(measured, u=0.0) == flops,

@@ -61,11 +61,12 @@ class RecordingSGD(torch.optim.SGD):
 def grad_worker(rank: int, world: int, raw: dict, layouts: tuple[str, ...]):
     from torch.distributed.device_mesh import init_device_mesh
 
+    from knapformer.calibration.clock import CPUClock
     from knapformer.distributed import Balancer
     from knapformer.distributed.parallelize import parallelize
     from knapformer.planning.cost import CostModel
     from knapformer.train.config import build_config
-    from knapformer.train.step import ThreadClock, mixture, train_step
+    from knapformer.train.step import mixture, train_step
 
     cfg = build_config(raw)
     mcfg = cfg.model_config()
@@ -82,7 +83,7 @@ def grad_worker(rank: int, world: int, raw: dict, layouts: tuple[str, ...]):
             bal = Balancer(spec, cost, num_heads=mcfg.num_heads, group=mesh)
         parallelize(model, mesh, bal)
         optim = RecordingSGD(model.parameters(), lr=LR)
-        rec = train_step(model, bal, optim, tb, 1, cost, ThreadClock(), torch.device("cpu"), lr=LR)
+        rec = train_step(model, bal, optim, tb, 1, cost, CPUClock(), torch.device("cpu"), lr=LR)
         after = [
             (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().numpy().copy()
             for p in model.parameters()

@@ -219,11 +219,12 @@ def mp_worker(rank: int, world: int, raw: dict):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    from knapformer.calibration.clock import CPUClock
     from knapformer.data.synthetic import SyntheticMixture
     from knapformer.train.config import apply_overrides, build_config
     from knapformer.train.costs import flops_cost
     from knapformer.train.loop import train
-    from knapformer.train.step import ThreadClock, build_run, train_step
+    from knapformer.train.step import build_run, train_step
 
     over = {"train.steps": 20, "train.warmup_steps": 3, "train.lr_schedule": "cosine"}
     over |= {"train.grad_clip": 1.0}
@@ -244,7 +245,7 @@ def mp_worker(rank: int, world: int, raw: dict):
     blk.img.qkv.register_forward_hook(lambda m, a, o: see("qkv_out", o))
     blk.register_forward_pre_hook(lambda m, a: see("rope", a[2][0]))
     data = SyntheticMixture(cfg.data.codes, cfg.model_config(), world, text_tokens_max=4)
-    rec = train_step(model, bal, optim, data.batch(1, rank), 1, bal.cost, ThreadClock(),
+    rec = train_step(model, bal, optim, data.batch(1, rank), 1, bal.cost, CPUClock(),
                      torch.device("cpu"), lr=1e-3, grad_clip=1.0)  # fmt: skip
     params = [p for g in optim.param_groups for p in g["params"]]
     state = [t for s in optim.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]

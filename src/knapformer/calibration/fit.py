@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from knapformer.planning.cost import cost_terms
+from knapformer.planning.cost import COEFFICIENTS, TERMS, CostModel, cost_terms
 
 __all__ = ["CalibrationError", "FitResult", "design_matrix", "fit_cost", "mape", "split_heldout"]
 
@@ -48,7 +48,13 @@ class FitResult:
         """Time of a call holding ``n`` length-``L`` sequences in a ``g``-bag."""
         X = design_matrix(np.asarray(L, dtype=np.float64), np.asarray(g, dtype=np.float64))
         n_arr = np.broadcast_to(np.asarray(n, dtype=np.float64), X.shape[:1])
-        return n_arr * (X @ np.array([self.a, self.b, self.c, self.e])) + self.f
+        return n_arr * (X @ np.array([getattr(self, k) for k in TERMS])) + self.f
+
+    def cost(self, name: str, **overrides: float) -> CostModel:
+        """The fitted coefficients as a :class:`CostModel` (``u`` is not fitted here: 0)."""
+        fitted = (*TERMS, "f")
+        values = {k: getattr(self, k) if k in fitted else 0.0 for k in COEFFICIENTS}
+        return CostModel(**{**values, **overrides}, name=name)
 
 
 def design_matrix(L: np.ndarray, g: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""`knapformer calibrate`: time the reference block here, fit the cost model, save a profile."""
+"""`knapformer calibrate`: time the MMDiT's blocks here, fit the cost model, save a profile."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from appshell.cli import (
     progress,
 )
 from knapformer.cli.app import app
-from knapformer.cli.options import Heads
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -32,8 +31,13 @@ def _ints(text: str, what: str) -> list[int]:
 
 @app.command()
 def calibrate(
-    d_model: int = typer.Option(256, help="Block width."),
-    heads: Heads = 4,
+    preset: str = typer.Option(
+        "cpu", help="MMDiT preset whose blocks are timed: tiny, cpu, small or flux."
+    ),
+    d_model: int | None = typer.Option(None, help="Model width (default: the preset's)."),
+    heads: int | None = typer.Option(
+        None, help="Attention heads (default: the preset's; every bag size must divide it)."
+    ),
     lengths: str = typer.Option(
         "64,128,192,256,384,512,640,768,1024,1280,1536",
         help="Sequence lengths to time; every third interior one is held out of the fit.",
@@ -51,7 +55,8 @@ def calibrate(
     plot: Path = typer.Option(None, help="Write a PNG of measured vs fitted times."),
     json_out: JsonFlag = False,
 ) -> None:
-    """Fit t(L, g) = (a*L + b*L^2)/g + c*L*(g-1)/g + e to timings of the reference block."""
+    """Fit t(L, g) = (a*L + b*L^2)/g + c*L*(g-1)/g + e (and the per-call f) to timings of the
+    MMDiT's double- and single-stream blocks, the model `knapformer train` trains."""
     from knapformer.calibration.run import calibrate as run_calibration
     from knapformer.calibration.run import plot_fit
 
@@ -63,8 +68,9 @@ def calibrate(
         device = str(parse_device(device))
     check_outputs(out, plot)  # before the timings, not after them
     log = note if json_out else typer.echo
-    with progress("timing the reference block", counted=True) as bar:
+    with progress("timing the MMDiT's blocks", counted=True) as bar:
         report = run_calibration(
+            preset=preset,
             d_model=d_model,
             heads=heads,
             lengths=_ints(lengths, "--lengths"),
@@ -88,7 +94,7 @@ def calibrate(
         return
     typer.echo(
         f"profile {p.name}: a={p.a:.4g} s/token, b={p.b:.4g} s/token^2, c={p.c:.4g} s/token, "
-        f"e={p.e:.4g} s"
+        f"e={p.e:.4g} s/sequence, f={p.f:.4g} s/step"
     )
     typer.echo(
         f"held-out MAPE {report.heldout_mape:.2f}% (lengths {list(report.lengths_heldout)}), "

@@ -54,6 +54,7 @@ from knapformer.distributed.groups import (
     ranks_per_node,
     resolve_group,
 )
+from knapformer.models.host import upload_table
 from knapformer.planning.auto import spans_nodes
 from knapformer.planning.cost import CostModel
 from knapformer.planning.layout import BagLayout, LayoutError
@@ -61,7 +62,7 @@ from knapformer.planning.plan import Plan, plan_step
 from knapformer.planning.routing import RoutingTables, offset_tables, routing_from_plan
 from knapformer.planning.solvers.registry import DEFAULT_SOLVER, canonical_solver
 
-__all__ = ["AttnInputs", "Balancer", "BalancerError"]
+__all__ = ["AttnInputs", "Balancer", "BalancerError", "upload_table"]
 
 
 @dataclass(frozen=True)
@@ -127,20 +128,6 @@ def _gather_rows(t: torch.Tensor, n: int, group: dist.ProcessGroup | None, op: s
     with collective(op, group):
         all_gather_single(out, t, group=group)
     return out.view(n, *shape)
-
-
-def upload_table(
-    arr: np.ndarray, device: torch.device, dtype: torch.dtype = torch.int64
-) -> torch.Tensor:
-    """A host table as a tensor on ``device``. On CUDA the copy goes through pinned memory
-    and does not block: a pageable copy would wait for every queued kernel (the caching host
-    allocator keeps the pinned buffer until the copy is done)."""
-    t = torch.from_numpy(arr)
-    if t.dtype != dtype:
-        t = t.to(dtype)
-    if device.type == "cuda":  # pragma: no cover - CUDA only
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 @functools.lru_cache(maxsize=64)
@@ -245,11 +232,7 @@ class Balancer:
         config = {
             "spec": str(spec),
             "num_heads": num_heads,
-            "cost": (
-                (cost.a, cost.b, cost.c, cost.e, cost.f, cost.u)
-                if isinstance(cost, CostModel)
-                else repr(cost)
-            ),
+            "cost": cost.values() if isinstance(cost, CostModel) else repr(cost),
             "solver": canonical_solver(solver) if isinstance(solver, str) else repr(solver),
             "solver_options": repr(sorted(self.solver_options.items())),
             "world_size": self.world_size,
@@ -651,6 +634,24 @@ class Balancer:
         )  # fmt: skip
         return out[0] if not features else tuple(out)
 
+    def route_host(self, values: np.ndarray) -> np.ndarray | None:
+        """A per-token host array (``[T_local]``, this rank's packed order) in the balanced
+        layout, as :meth:`route` moves the tokens, through a CPU collective: host tables (the
+        tokens' modality) follow their tokens without a read of device data. None when the
+        group has no CPU backend (plain ``"nccl"``). Call it after :meth:`route`, whose
+        agreement has checked every rank's row count."""
+        t = self._require_tables("route_host")
+        if not has_cpu_backend(self.group):  # pragma: no cover - CUDA with a plain "nccl" group
+            return None
+        arr = np.asarray(values)
+        if arr.shape[:1] != (t.num_local_tokens,):
+            raise BalancerError(
+                f"route_host: {arr.shape[:1]} rows, this rank's layout has {t.num_local_tokens}"
+            )
+        x = torch.from_numpy(np.ascontiguousarray(arr[t.send_perm]))
+        out = all_to_all(x, t.recv_splits.tolist(), t.send_splits.tolist(), self.group, "route")
+        return out.numpy()
+
     # ---- balanced-layout metadata (known locally, no communication) --------------------------
 
     def balanced_positions(self, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -731,7 +732,7 @@ class Balancer:
         """``pre_attn`` -> varlen attention over whole sequences -> ``post_attn``.
 
         ``attn_fn(q, k, v, cu_seqlens, max_seqlen, causal=...)`` also gets the plan's host
-        offsets as ``cu_seqlens_host=`` when it has that parameter (both shipped ones do), so
+        offsets as ``cu_seqlens_host=`` when it has that parameter (the shipped one does), so
         that it never copies ``cu_seqlens`` back from the device."""
         a = self.pre_attn(q, k, v)
         kw: dict[str, Any] = {"causal": causal}

@@ -2,6 +2,8 @@
 
 A failed exchange (a peer failed, stopped or was killed) raises the balancer's error naming
 the peer (:mod:`knapformer.distributed.failures`), in the forward and in the backward alike.
+On CUDA each exchange is a :func:`~knapformer.calibration.clock.comm_span`: the trainer's clock
+leaves it out of the rank's own (busy) time.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from knapformer.calibration.clock import comm_span
 from knapformer.distributed.failures import collective
 
 __all__ = ["all_to_all"]
@@ -25,7 +28,7 @@ def _a2a(
 ) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    with collective(op, group):
+    with collective(op, group), comm_span(x.device):
         dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
     return out
 

@@ -7,7 +7,8 @@ As in torchtitan, the model is written for one process and ``parallelize`` rewri
   ``forward``;
 * the model's dispatcher becomes a :class:`BalancedDispatcher`: it routes the embedded tokens and
   their per-token features (3-axis positions, modality) to the balanced layout in one
-  all-to-all per dtype, derives each token's sequence from the balancer, and delivers every
+  all-to-all per dtype (the modality also on the host, so the blocks find their streams from
+  host tables), derives each token's sequence from the balancer, and delivers every
   sequence's conditioning (timestep, pooled text: the adaLN input) to the ranks that hold its
   tokens (one small all-gather of per-sequence rows, not per-token traffic); ``combine`` routes
   the output back, so the loss is computed in the original layout;
@@ -43,7 +44,6 @@ from knapformer.models.mmdit import (
     MMDiT,
     TokenState,
     VarlenAttention,
-    device_varlen_attention,
 )
 
 __all__ = ["BalancedAttention", "BalancedDispatcher", "ParallelizeError", "parallelize"]
@@ -63,7 +63,7 @@ class BalancedAttention(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta | None = None
     ) -> torch.Tensor:
-        return self.balancer.attention(q, k, v, attn_fn=device_varlen_attention)
+        return self.balancer.attention(q, k, v)
 
 
 def _rows_per_rank(counts: np.ndarray) -> int:
@@ -77,14 +77,15 @@ class BalancedDispatcher(nn.Module):
     def __init__(self, balancer: Balancer):
         super().__init__()
         self.__dict__["balancer"] = balancer
-        self._cache: tuple[Any, torch.device, torch.Tensor, torch.Tensor] | None = None
+        self._cache: tuple[Any, torch.device, torch.Tensor, torch.Tensor, np.ndarray] | None = None
 
-    def _indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows of the gathered conditioning for this rank's sequences, and each token's row."""
+    def _indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """Rows of the gathered conditioning for this rank's sequences, each token's row (on
+        ``device``), and the latter on the host."""
         bal = self.balancer
         t = bal.tables
         if self._cache is not None and self._cache[0] is t and self._cache[1] == device:
-            return self._cache[2], self._cache[3]
+            return self._cache[2], self._cache[3], self._cache[4]
         plan = bal.plan
         assert plan is not None and t is not None
         counts = np.bincount(bal.step_src_rank, minlength=bal.world_size)
@@ -96,8 +97,9 @@ class BalancedDispatcher(nn.Module):
         tok = np.searchsorted(ids, np.asarray(t.token_seq_ids, dtype=np.int64))
         rows_t = upload_table(rows.astype(np.int64), device)
         tok_t = upload_table(tok.astype(np.int64), device)
-        self._cache = (t, device, rows_t, tok_t)
-        return rows_t, tok_t
+        tok = tok.astype(np.int64)
+        self._cache = (t, device, rows_t, tok_t, tok)
+        return rows_t, tok_t, tok
 
     def _gather_cond(self, cond: torch.Tensor) -> torch.Tensor:
         """Every rank's per-sequence conditioning rows (padded to the largest count). The
@@ -139,9 +141,12 @@ class BalancedDispatcher(nn.Module):
                 "gather); detach it or compute trainable conditioning inside the model"
             )
         h, positions, kind = bal.route(s.h, s.positions, s.kind)
-        rows, tok = self._indices(h.device)
+        # the modality on the host too (a CPU all-to-all of one byte per token), so the blocks'
+        # streams come from host tables instead of a nonzero on the device
+        kind_host = None if s.kind_host is None else bal.route_host(s.kind_host.astype(np.uint8))
+        rows, tok, tok_host = self._indices(h.device)
         cond = self._gather_cond(s.cond).index_select(0, rows)
-        return DispatchedTokens(h, positions, kind, tok, cond, None)
+        return DispatchedTokens(h, positions, kind, tok, cond, None, kind_host, tok_host)
 
     def combine(self, out: torch.Tensor) -> torch.Tensor:
         return self.balancer.reverse_route(out)

@@ -1,12 +1,5 @@
-"""Plain models (nothing distributed inside): the reference block and a FLUX-shaped MMDiT."""
+"""Plain models (nothing distributed inside): a FLUX-shaped MMDiT over packed sequences."""
 
-from knapformer.models.block import (
-    PackedTransformer,
-    TransformerBlock,
-    balanced_attention,
-    balanced_forward,
-    local_attention,
-)
 from knapformer.models.mmdit import (
     PRESETS,
     MMDiT,
@@ -22,10 +15,5 @@ __all__ = [
     "MMDiTConfig",
     "MMDiTInputError",
     "PackedBatch",
-    "PackedTransformer",
-    "TransformerBlock",
-    "balanced_attention",
-    "balanced_forward",
-    "local_attention",
     "mmdit_config",
 ]

@@ -29,20 +29,18 @@ and rounds RoPE angles and norm statistics), then cast back to the activations' 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from appshell.tables import check_limits, limited
-from knapformer.attention.varlen import flash_attn_available, varlen_attention
+from knapformer.attention.varlen import varlen_attention
+from knapformer.models.host import to_device, upload_table
 from knapformer.models.rope import apply_rope, rope_nd
-
-if TYPE_CHECKING:
-    import numpy as np
 
 __all__ = [
     "PRESETS",
@@ -58,7 +56,6 @@ __all__ = [
     "Streams",
     "TokenState",
     "VarlenAttention",
-    "device_varlen_attention",
     "mmdit_config",
     "timestep_embedding",
 ]
@@ -170,6 +167,10 @@ class PackedBatch:
     ``img``/``txt`` hold the visual/text token features in packed order of their kind; ``is_img``
     (``[T]`` bool) interleaves them. ``positions`` are per-token (t, h, w) int64 RoPE positions
     (FLUX gives text tokens (0, 0, 0)). ``timesteps``/``pooled`` condition each sequence.
+
+    ``is_img_host``: the same mask on the host (numpy), kept by :meth:`to` when the batch comes
+    from the CPU. With it the model finds its streams from host tables; without it it runs
+    ``nonzero`` on the device, which on CUDA is a host sync per call.
     """
 
     img: torch.Tensor  # [T_img, patch_dim]
@@ -179,26 +180,34 @@ class PackedBatch:
     seq_lens: list[int]
     timesteps: torch.Tensor  # [n]
     pooled: torch.Tensor  # [n, pooled_dim]
+    is_img_host: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
         return int(self.is_img.shape[0])
 
+    def seq_ids_host(self) -> np.ndarray:
+        """``[T]`` int64 local sequence index of every token, on the host."""
+        return np.repeat(np.arange(len(self.seq_lens), dtype=np.int64), self.seq_lens)
+
     def seq_ids(self) -> torch.Tensor:
-        """``[T]`` int64 local sequence index of every token."""
-        lens = torch.as_tensor(self.seq_lens, dtype=torch.int64)
-        ids = torch.repeat_interleave(torch.arange(lens.numel()), lens)
-        return ids.to(self.is_img.device)
+        """``[T]`` int64 local sequence index of every token, on the batch's device."""
+        return upload_table(self.seq_ids_host(), self.is_img.device)
 
     def to(self, device: torch.device | str) -> PackedBatch:
+        """The batch on ``device`` (CPU -> CUDA copies do not block: :func:`to_device`)."""
+        host = self.is_img_host
+        if host is None and self.is_img.device.type == "cpu":
+            host = self.is_img.numpy()
         return PackedBatch(
-            img=self.img.to(device),
-            txt=self.txt.to(device),
-            is_img=self.is_img.to(device),
-            positions=self.positions.to(device),
+            img=to_device(self.img, device),
+            txt=to_device(self.txt, device),
+            is_img=to_device(self.is_img, device),
+            positions=to_device(self.positions, device),
             seq_lens=list(self.seq_lens),
-            timesteps=self.timesteps.to(device),
-            pooled=self.pooled.to(device),
+            timesteps=to_device(self.timesteps, device),
+            pooled=to_device(self.pooled, device),
+            is_img_host=host,
         )
 
 
@@ -212,6 +221,9 @@ def check_batch(batch: PackedBatch, cfg: MMDiTConfig) -> None:
         raise MMDiTInputError(f"seq_lens sum to {sum(batch.seq_lens)} but is_img has {T} tokens")
     if batch.is_img.dtype != torch.bool or batch.is_img.dim() != 1:
         raise MMDiTInputError("is_img must be a 1-D bool tensor")
+    host = batch.is_img_host
+    if host is not None and (not isinstance(host, np.ndarray) or host.shape != (T,)):
+        raise MMDiTInputError(f"is_img_host must be a numpy array of shape ({T},) like is_img")
     if batch.img.dim() != 2 or batch.img.shape[1] != cfg.patch_dim:
         raise MMDiTInputError(f"img must be [T_img, {cfg.patch_dim}], got {tuple(batch.img.shape)}")
     if batch.txt.dim() != 2 or batch.txt.shape[1] != cfg.text_dim:
@@ -242,6 +254,7 @@ class AttnMeta:
 
     cu_seqlens: torch.Tensor
     max_seqlen: int
+    cu_seqlens_host: np.ndarray | None = None  # the same offsets on the host
 
 
 @dataclass
@@ -254,11 +267,14 @@ class TokenState:
     seq_ids: torch.Tensor  # [T] int64 local sequence index
     seq_lens: list[int]
     cond: torch.Tensor  # [n, 1 + pooled_dim]: timestep, pooled text
+    kind_host: np.ndarray | None = None  # ``kind`` on the host, when known there
+    seq_ids_host: np.ndarray | None = None
 
 
 @dataclass
 class DispatchedTokens:
-    """The layout the blocks run on; ``seq_index`` indexes the rows of ``cond``."""
+    """The layout the blocks run on; ``seq_index`` indexes the rows of ``cond``. The host
+    copies (when known) let the blocks' streams be built without reading the device."""
 
     h: torch.Tensor
     positions: torch.Tensor
@@ -266,47 +282,30 @@ class DispatchedTokens:
     seq_index: torch.Tensor
     cond: torch.Tensor
     attn_meta: AttnMeta | None
+    kind_host: np.ndarray | None = None
+    seq_index_host: np.ndarray | None = None
+
+    def streams(self) -> Streams:
+        """The blocks' stream tables: from the host copies when present (no host sync)."""
+        if self.kind_host is not None and self.seq_index_host is not None:
+            return Streams.from_host(self.kind_host, self.seq_index_host, self.h.device)
+        return Streams.from_kind(self.kind, self.seq_index)
 
 
 class LocalDispatcher(nn.Module):
     """Single-process layout: tokens stay, attention boundaries come from ``seq_lens``."""
 
     def dispatch(self, s: TokenState) -> DispatchedTokens:
-        lens = torch.as_tensor(s.seq_lens, dtype=torch.int64)
-        cu = torch.zeros(lens.numel() + 1, dtype=torch.int64)
-        cu[1:] = torch.cumsum(lens, 0)
-        meta = AttnMeta(cu.to(s.h.device), int(lens.max()) if lens.numel() else 0)
-        return DispatchedTokens(s.h, s.positions, s.kind, s.seq_ids, s.cond, meta)
+        lens = np.asarray(s.seq_lens, dtype=np.int64)
+        cu = np.zeros(lens.size + 1, dtype=np.int64)
+        cu[1:] = np.cumsum(lens)
+        meta = AttnMeta(upload_table(cu, s.h.device), int(lens.max()) if lens.size else 0, cu)
+        return DispatchedTokens(
+            s.h, s.positions, s.kind, s.seq_ids, s.cond, meta, s.kind_host, s.seq_ids_host
+        )
 
     def combine(self, out: torch.Tensor) -> torch.Tensor:
         return out
-
-
-def device_varlen_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    causal: bool = False,
-    cu_seqlens_host: Sequence[int] | np.ndarray | None = None,
-) -> torch.Tensor:
-    """Varlen attention without a host-device sync on CUDA (fp16/bf16): flash-attn's varlen
-    kernel when installed, else torch's ``varlen_attn``; elsewhere the exact SDPA path, which
-    reads the offsets from ``cu_seqlens_host`` when given (else copies ``cu_seqlens`` back)."""
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):  # pragma: no cover - CUDA only
-        cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
-        if flash_attn_available():
-            from flash_attn import flash_attn_varlen_func
-
-            return flash_attn_varlen_func(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal)
-        from torch.nn.attention.varlen import varlen_attn
-
-        window = (-1, 0) if causal else (-1, -1)
-        return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, window_size=window)
-    return varlen_attention(
-        q, k, v, cu_seqlens, max_seqlen, causal=causal, cu_seqlens_host=cu_seqlens_host
-    )
 
 
 class VarlenAttention(nn.Module):
@@ -321,7 +320,9 @@ class VarlenAttention(nn.Module):
                 "replaced but its attention modules were not (use knapformer.distributed."
                 "parallelize, which swaps both)"
             )
-        return device_varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen)
+        return varlen_attention(
+            q, k, v, meta.cu_seqlens, meta.max_seqlen, cu_seqlens_host=meta.cu_seqlens_host
+        )
 
 
 # ---- building blocks -------------------------------------------------------------------------
@@ -416,13 +417,32 @@ class Streams:
 
     @classmethod
     def from_kind(cls, kind: torch.Tensor, seq_index: torch.Tensor) -> Streams:
+        """From device tensors: two ``nonzero`` (on CUDA, two host syncs per forward)."""
         is_img = kind.to(torch.bool)
-        img_idx = torch.nonzero(is_img).flatten()  # one host sync per forward, not per block
+        img_idx = torch.nonzero(is_img).flatten()
         txt_idx = torch.nonzero(~is_img).flatten()
         order = torch.cat([img_idx, txt_idx])
         inv = torch.empty_like(order)
         inv[order] = torch.arange(order.numel(), device=order.device)
         return cls(img_idx, txt_idx, inv, seq_index[img_idx], seq_index[txt_idx])
+
+    @classmethod
+    def from_host(cls, kind: np.ndarray, seq_index: np.ndarray, device: torch.device) -> Streams:
+        """From host tables (no read of device data), uploaded to ``device``."""
+        img, txt, inv = _split_order(np.asarray(kind).astype(bool))
+        seq = np.asarray(seq_index, dtype=np.int64)
+        tabs = (img, txt, inv, seq[img], seq[txt])
+        return cls(*(upload_table(t, device) for t in tabs))
+
+
+def _split_order(is_img: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host: positions of the visual and of the text tokens, and ``inv`` with
+    ``cat(rows[img], rows[txt])[inv] = rows``."""
+    img = np.flatnonzero(is_img).astype(np.int64)
+    txt = np.flatnonzero(~is_img).astype(np.int64)
+    inv = np.empty(is_img.size, dtype=np.int64)
+    inv[np.concatenate([img, txt])] = np.arange(is_img.size, dtype=np.int64)
+    return img, txt, inv
 
 
 class _StreamWeights(nn.Module):
@@ -576,11 +596,15 @@ class MMDiT(nn.Module):
         dtype = self.img_in.weight.dtype
         wide = _wide(dtype)
         is_img = batch.is_img
-        img_idx = torch.nonzero(is_img).flatten()
-        txt_idx = torch.nonzero(~is_img).flatten()
-        order = torch.cat([img_idx, txt_idx])
-        inv = torch.empty_like(order)
-        inv[order] = torch.arange(order.numel(), device=order.device)
+        host = batch.is_img_host
+        if host is not None:  # host tables: no read of device data
+            img_np, _, inv_np = _split_order(np.asarray(host, dtype=bool))
+            img_idx, inv = upload_table(img_np, is_img.device), upload_table(inv_np, is_img.device)
+        else:  # two nonzero (on CUDA, host syncs)
+            img_idx = torch.nonzero(is_img).flatten()
+            order = torch.cat([img_idx, torch.nonzero(~is_img).flatten()])
+            inv = torch.empty_like(order)
+            inv[order] = torch.arange(order.numel(), device=order.device)
         h = torch.cat([self.img_in(batch.img.to(dtype)), self.txt_in(batch.txt.to(dtype))])
         h = h.index_select(0, inv)
         cond = torch.cat([batch.timesteps[:, None].to(wide), batch.pooled.to(wide)], dim=1)
@@ -591,12 +615,14 @@ class MMDiT(nn.Module):
             seq_ids=batch.seq_ids(),
             seq_lens=list(batch.seq_lens),
             cond=cond,
+            kind_host=None if host is None else np.asarray(host, dtype=np.int64),
+            seq_ids_host=batch.seq_ids_host(),
         )
         dt = self.dispatcher.dispatch(state)
         temb = timestep_embedding(dt.cond[:, 0], cfg.time_dim)
         vec = self.time_in(temb.to(dtype)) + self.vector_in(dt.cond[:, 1:].to(dtype))
         rope = rope_nd(dt.positions, cfg.axes_dim, cfg.rope_theta, dtype=wide)
-        streams = Streams.from_kind(dt.kind, dt.seq_index)
+        streams = dt.streams()
         x = dt.h
         for block in self.double_blocks:
             x = block(x, vec, rope, streams, dt.attn_meta)

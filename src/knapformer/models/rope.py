@@ -10,9 +10,16 @@ from collections.abc import Sequence
 
 import torch
 
-from knapformer.models.block import apply_rope
-
 __all__ = ["apply_rope", "rope_nd"]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the two halves of each head's features: ``x`` is ``[T, H, D]``. Computed in the
+    wider of the two dtypes (fp32 tables rotate bf16 activations in fp32), returned in ``x``'s."""
+    wide = torch.promote_types(x.dtype, cos.dtype)
+    x1, x2 = x.to(wide).chunk(2, dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).to(x.dtype)
 
 
 def rope_nd(

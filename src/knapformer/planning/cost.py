@@ -27,10 +27,13 @@ import numpy as np
 
 from appshell.atomic import atomic_open
 
-__all__ = ["TERMS", "CostModel", "CostModelError", "cost_terms"]
+__all__ = ["COEFFICIENTS", "TERMS", "CostModel", "CostModelError", "cost_terms"]
 
 _PROFILE_KIND = "knapformer-cost-profile"
 TERMS = ("a", "b", "c", "e")  # coefficient names, in the order of cost_terms' columns
+#: Every coefficient, in one order: checks, arithmetic, serialisation, the fit, the online
+#: refit (its feature columns) and the balancer's agreement all go through this tuple.
+COEFFICIENTS = (*TERMS, "f", "u")
 
 
 def _basis(k: int, L: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -71,7 +74,7 @@ class CostModel:
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for k in ("a", "b", "c", "e", "f", "u"):
+        for k in COEFFICIENTS:
             v = getattr(self, k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise CostModelError(f"cost coefficient {k} must be a finite number, got {v!r}")
@@ -111,6 +114,21 @@ class CostModel:
             b=4.0 * gamma * d_model * num_blocks,
             c=4.0 * d_model * bytes_per_element * a2a_flops_per_byte * num_blocks,
             name=name + ")",
+        )
+
+    def values(self) -> tuple[float, ...]:
+        """The coefficients in :data:`COEFFICIENTS` order."""
+        return tuple(getattr(self, k) for k in COEFFICIENTS)
+
+    def with_values(self, values: Any, name: str | None = None) -> CostModel:
+        """This model with coefficients ``values`` (:data:`COEFFICIENTS` order) and ``name``."""
+        vals = [float(v) for v in values]
+        if len(vals) != len(COEFFICIENTS):
+            raise CostModelError(f"need {len(COEFFICIENTS)} coefficients, got {len(vals)}")
+        return CostModel(
+            **dict(zip(COEFFICIENTS, vals, strict=True)),
+            name=self.name if name is None else name,
+            meta=dict(self.meta),
         )
 
     @property
@@ -156,29 +174,17 @@ class CostModel:
         """Costs of consecutive blocks add coefficient-wise (t is linear in a, b, c, e)."""
         if not isinstance(other, CostModel):
             return NotImplemented
+        summed = [x + y for x, y in zip(self.values(), other.values(), strict=True)]
         return CostModel(
-            self.a + other.a,
-            self.b + other.b,
-            self.c + other.c,
-            self.e + other.e,
-            name=f"{self.name}+{other.name}",
-            f=self.f + other.f,
-            u=self.u + other.u,
+            **dict(zip(COEFFICIENTS, summed, strict=True)), name=f"{self.name}+{other.name}"
         )
 
     def scaled(self, k: float) -> CostModel:
         """E.g. ``block.scaled(57)`` for 57 identical blocks."""
         if k < 0:
             raise CostModelError("scale must be >= 0")
-        return CostModel(
-            self.a * k,
-            self.b * k,
-            self.c * k,
-            self.e * k,
-            name=f"{k:g}*{self.name}",
-            f=self.f * k,
-            u=self.u * k,
-        )
+        scaled = [v * k for v in self.values()]
+        return CostModel(**dict(zip(COEFFICIENTS, scaled, strict=True)), name=f"{k:g}*{self.name}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -193,16 +199,10 @@ class CostModel:
         if d.get("kind", _PROFILE_KIND) != _PROFILE_KIND:
             raise CostModelError(f"not a cost profile (kind={d.get('kind')!r})")
         try:
-            return cls(
-                a=d["a"],
-                b=d["b"],
-                c=d.get("c", 0.0),
-                e=d.get("e", 0.0),
-                f=d.get("f", 0.0),  # (profiles written before f and u existed have neither)
-                u=d.get("u", 0.0),
-                name=str(d.get("name", "profile")),
-                meta=dict(d.get("meta", {})),
-            )
+            # a and b are required; the rest default to 0 (profiles written before c, e, f and
+            # u existed have none of them)
+            values = {k: d[k] if k in ("a", "b") else d.get(k, 0.0) for k in COEFFICIENTS}
+            return cls(**values, name=str(d.get("name", "profile")), meta=dict(d.get("meta", {})))
         except KeyError as exc:
             raise CostModelError(f"cost profile is missing coefficient {exc.args[0]!r}") from None
 

@@ -1,8 +1,9 @@
 """The training loop of one rank: synthetic mixture -> (balanced) MMDiT -> rectified-flow loss.
 
 Per step every rank: builds its batch (outside the timed region), plans with the balancer
-(``plan_step``: two integer all-gathers + the planner), runs forward + backward (timed: thread
-CPU time, and the wall time the thread was runnable, so blocked collective waits are excluded),
+(``plan_step``: two integer all-gathers + the planner), runs forward + backward (the rank's own
+work timed on the device's clock, :mod:`knapformer.calibration.clock`: thread CPU time on CPU,
+CUDA events less the collectives on GPU; the step's wall time is logged as ``step_wall_s``),
 clips the gradients by their global norm, steps AdamW at the scheduled rate (``lr_at``: a pure
 function of the step), updates the EMA, and gathers a few numbers so rank 0 can write one JSON
 record per step (``lr`` and the pre-clip ``grad_norm`` included); the step itself lives in
@@ -34,15 +35,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from knapformer.calibration.clock import clock_for
 from knapformer.planning.cost import CostModel
 from knapformer.train.config import TrainConfig, check_world
 from knapformer.train.refit import CostRefit
 from knapformer.train.runtime import init_distributed, run_device
-from knapformer.train.step import DTYPES, ThreadClock, build_run, lr_at, mixture, train_step
+from knapformer.train.step import DTYPES, build_run, lr_at, mixture, train_step
 
 __all__ = [
     "DivergedError",
-    "ThreadClock",
     "build_cost",
     "build_run",
     "init_distributed",
@@ -79,7 +80,8 @@ def truncate_log(path: str | Path, step: int) -> int:
 
 
 def build_cost(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> tuple[CostModel, Any]:
-    """The balancer's cost model; ``calibrate`` runs on rank 0 and is broadcast to the others."""
+    """The balancer's cost model; ``calibrate`` runs on rank 0, on the device that trains (timed
+    on its clock), and is broadcast to the others."""
     from knapformer.train.costs import calibrate_blocks, flops_cost
 
     mcfg = cfg.model_config()
@@ -97,8 +99,9 @@ def build_cost(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> tu
         lo = max(bags[-1], 16)
         lengths = np.unique(np.geomspace(lo, max(longest, 4 * lo), 10).astype(int)).tolist()
         costs = calibrate_blocks(
-            mcfg, lengths, bags, repeats=5, min_time_s=0.1, dtype=DTYPES[cfg.train.dtype], log=log
-        )
+            mcfg, lengths, bags, repeats=5, min_time_s=0.1, dtype=DTYPES[cfg.train.dtype],
+            device=run_device(), log=log,
+        )  # fmt: skip
         payload[0] = (costs.total.to_dict(), costs.summary())
     dist.broadcast_object_list(payload, src=0)
     total, summary = payload[0]
@@ -179,7 +182,7 @@ def train(cfg: TrainConfig, progress: bool | None = None) -> list[dict[str, Any]
         log_f = open(cfg.log.path, "a" if cfg.checkpoint.resume else "w")  # noqa: SIM115
     show = (cfg.log.progress if progress is None else progress) and rank == 0
     records: list[dict[str, Any]] = []
-    clock = ThreadClock()
+    clock = clock_for(device)
     try:
         with _progress(show, cfg.train.steps, start) as advance:
             for step in range(start + 1, cfg.train.steps + 1):

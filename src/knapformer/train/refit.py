@@ -2,9 +2,11 @@
 
 The calibrated model is fitted on isolated blocks before training (and ``u`` on a few uniform
 steps); a training step adds what those do not see (embeddings, the loss, FSDP hooks, the real
-mixture of lengths, the load of the machine). Each step logs, per rank, the CPU time of its
-forward + backward and the basis of its modelled time: the sums over the sequences of its bag of
-the cost formula's columns (``L/g, L^2/g, L(g-1)/g, 1``), then ``1`` (for ``f``) and ``(g-1)/g``
+mixture of lengths, the load of the machine). Each step logs, per rank, the busy time of its
+forward + backward on the training device's clock (``rank_busy_s``: thread CPU time on CPU,
+CUDA-event time less the collectives on GPU, so peers' waits are not fitted as compute) and
+the basis of its modelled time: the sums over the sequences of its bag of the cost formula's
+columns (``L/g, L^2/g, L(g-1)/g, 1``), then ``1`` (for ``f``) and ``(g-1)/g``
 (for ``u``); the rank's modelled time is the model's coefficients dotted with these
 (:meth:`CostModel.rank_time`). :func:`refit` fits the coefficients to the measured times:
 
@@ -29,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from knapformer.planning.cost import CostModel, cost_terms
+from knapformer.planning.cost import COEFFICIENTS, CostModel, cost_terms
 
 __all__ = ["FEATURES", "CostRefit", "RefitError", "rank_features", "refit"]
 
-FEATURES = ("a", "b", "c", "e", "f", "u")  # the coefficient each feature column multiplies
+FEATURES = COEFFICIENTS  # the coefficient each feature column multiplies, in order
 _HUBER = 1.5  # residuals beyond this many robust standard deviations are down-weighted
 # prior strength per coefficient, as a fraction of the data's weight on its column: only enough
 # to settle directions the data leaves open (at 1e-2 it already bent well-determined ones)
@@ -54,7 +56,7 @@ def rank_features(lengths: Sequence[int] | np.ndarray, g: int) -> np.ndarray:
 
 
 def _coefficients(cost: CostModel) -> np.ndarray:
-    return np.array([getattr(cost, k) for k in FEATURES], dtype=np.float64)
+    return np.array(cost.values(), dtype=np.float64)
 
 
 def _robust_nnls(
@@ -132,11 +134,7 @@ def refit(
         factor = per[gid]
     if theta[0] <= 0 and theta[1] <= 0:  # (a cost model needs a length dependence)
         theta[:2] = prior[:2]
-    fitted = CostModel(
-        **{k: float(v) for k, v in zip(FEATURES, theta, strict=True)},
-        name=f"refit:{cost.name}",
-        meta=dict(cost.meta),
-    )
+    fitted = cost.with_values(theta, name=f"refit:{cost.name}")
     pred = factor * (X @ theta)
     stats = {
         "samples": int(y.shape[0]),
@@ -169,14 +167,14 @@ class CostRefit:
             self.current = self.base
 
     def observe(self, rec: dict[str, Any]) -> None:
-        """Record a step (the trainer's record: ``rank_cost_features``, ``rank_compute_cpu_s``);
+        """Record a step (the trainer's record: ``rank_cost_features``, ``rank_busy_s``);
         the first step this process runs is left out (one-off allocation costs)."""
         if not self._seen_first:
             self._seen_first = True
             return
         self.steps.append(int(rec["step"]))
         self.X.append([[float(v) for v in row] for row in rec["rank_cost_features"]])
-        self.y.append([float(v) for v in rec["rank_compute_cpu_s"]])
+        self.y.append([float(v) for v in rec["rank_busy_s"]])
         del self.steps[:-_MAX_STEPS], self.X[:-_MAX_STEPS], self.y[:-_MAX_STEPS]
 
     def due(self, step: int) -> bool:

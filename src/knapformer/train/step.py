@@ -15,7 +15,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from knapformer.calibration.clock import Clock
 from knapformer.data.synthetic import SyntheticMixture, TrainBatch
+from knapformer.models.host import to_device
 from knapformer.planning.cost import CostModel
 from knapformer.train.config import TrainConfig, TrainLoopConfig
 from knapformer.train.refit import rank_features
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DTYPES",
-    "ThreadClock",
     "build_run",
     "clip_grad_norm",
     "lr_at",
@@ -35,33 +36,6 @@ __all__ = [
 ]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-
-
-class ThreadClock:
-    """CPU time of this thread and the wall time it was runnable (on CPU or queued for one).
-
-    Blocking in a collective (gloo/NCCL waits sleep) is excluded from both; time lost to other
-    processes sharing the cores is in ``wall`` but not in ``cpu``. Linux ``schedstat``; elsewhere
-    wall falls back to the plain wall clock. On CUDA the step synchronises the device before
-    reading the clock, so ``wall`` then includes the device time (NCCL kernels included).
-    """
-
-    _PATH = "/proc/thread-self/schedstat"
-
-    def __init__(self) -> None:
-        self.has_schedstat = self._sched() is not None
-
-    def _sched(self) -> float | None:
-        try:
-            with open(self._PATH) as f:
-                run, wait, _ = f.read().split()
-            return (int(run) + int(wait)) * 1e-9
-        except (OSError, ValueError):
-            return None
-
-    def now(self) -> tuple[float, float]:
-        s = self._sched() if self.has_schedstat else None
-        return time.thread_time(), (s if s is not None else time.perf_counter())
 
 
 def mixture(cfg: TrainConfig, mcfg: Any, world: int) -> SyntheticMixture:
@@ -161,6 +135,19 @@ def build_run(
     return model, balancer, optim
 
 
+def _host_rows(values: list[float], device: torch.device) -> np.ndarray:
+    """``[world, k]``: every rank's host ``values``. A CPU collective where the default group
+    has a CPU backend (gloo, ``"cpu:gloo,cuda:nccl"``), so it never waits for the device;
+    through ``device`` otherwise (plain ``"nccl"``: one more host read)."""
+    from knapformer.distributed.groups import has_cpu_backend
+
+    dev = torch.device("cpu") if has_cpu_backend(None) else device
+    t = torch.tensor(values, dtype=torch.float64, device=dev)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return torch.stack(out).cpu().numpy()
+
+
 def train_step(
     model: torch.nn.Module,
     balancer: Any,
@@ -168,36 +155,41 @@ def train_step(
     tb: TrainBatch,
     step: int,
     cost: CostModel,
-    clock: ThreadClock,
+    clock: Clock,
     device: torch.device,
     *,
     lr: float | None = None,
     grad_clip: float = 0.0,
     ema: EMA | None = None,
 ) -> dict[str, Any]:
-    """One step on every rank (collective): plan, timed forward + backward, gradient clipping,
+    """One step on every rank (collective): plan, forward + backward, gradient clipping,
     optimiser step at ``lr`` (None: the optimiser's own), EMA update.
 
     Returns the step's record (the same on every rank): the global loss, the learning rate,
-    the global gradient norm before clipping, per-rank compute times and tokens, the layout and
-    the modelled per-rank loads (``*_max_over_mean`` share the unbalanced mean as denominator,
-    as :class:`~knapformer.planning.plan.Plan` does).
+    the global gradient norm before clipping, ``step_wall_s`` (the slowest rank's wall time
+    from the step's start to the end of its optimiser step, communication included: what a
+    training step costs), ``rank_busy_s`` (each rank's own forward + backward work on
+    ``clock``: thread CPU time on CPU, CUDA-event time less the balancer's collectives on
+    GPU), tokens, the layout and the modelled per-rank loads (``*_max_over_mean`` share the
+    unbalanced mean as denominator, as :class:`~knapformer.planning.plan.Plan` does).
+
+    Device data is read back once (the gathered loss/norm row; on CUDA that read also makes the
+    clock's events readable); the visual-token count and the timings travel as host data.
     """
     world = dist.get_world_size()
-    batch, target = tb.batch.to(device), tb.target.to(device)
+    start = clock.mark()
+    batch, target = tb.batch.to(device), to_device(tb.target, device)  # (CUDA: non-blocking)
     t_plan = time.perf_counter()
     plan = balancer.plan_step(batch.seq_lens) if balancer is not None else None
     plan_step_ms = (time.perf_counter() - t_plan) * 1e3
-    n_vis = torch.tensor([target.numel()], dtype=torch.float64, device=device)
-    dist.all_reduce(n_vis)
-    cpu0, wall0 = clock.now()
-    pred = model(batch)
-    wide = torch.promote_types(pred.dtype, torch.float32)  # bf16 -> fp32; float64 stays
-    sq = (pred.to(wide) - target.to(wide)).pow(2).sum()
-    (sq * (world / n_vis[0])).backward()  # FSDP averages: the sum over ranks is d(mean loss)
-    if device.type == "cuda":  # pragma: no cover - CUDA only; the device time belongs to the step
-        torch.cuda.synchronize(device)
-    cpu1, wall1 = clock.now()
+    n_vis = float(_host_rows([float(target.numel())], device)[:, 0].sum())
+    with clock.tracking():
+        busy0 = clock.mark()
+        pred = model(batch)
+        wide = torch.promote_types(pred.dtype, torch.float32)  # bf16 -> fp32; float64 stays
+        sq = (pred.to(wide) - target.to(wide)).pow(2).sum()
+        (sq * (world / n_vis)).backward()  # FSDP averages: the sum over ranks is d(mean loss)
+        busy1 = clock.mark()
     if lr is not None:
         for group in optim.param_groups:
             group["lr"] = lr
@@ -206,6 +198,7 @@ def train_step(
     optim.zero_grad(set_to_none=True)
     if ema is not None:
         ema.update(model)
+    end = clock.mark()
     tokens = balancer.tables.num_balanced_tokens if plan is not None else batch.num_tokens
     # Modelled per-rank step times over the whole world: the planner's load plus the fixed costs
     # a rank pays whatever it holds (``CostModel.rank_time``: f, and u for a rank of a g > 1 bag).
@@ -222,19 +215,19 @@ def train_step(
         feats = rank_features(plan.lengths[plan.bag == mine], lay.bag_sizes[mine])
     else:
         feats = rank_features(np.asarray(batch.seq_lens), 1)
-    stats = torch.tensor(
-        [cpu1 - cpu0, wall1 - wall0, float(tokens), 0.0, before, after, bag]
-        + [float(x) for x in feats],
-        dtype=torch.float64,
-        device=device,
-    )
-    stats[3] = sq.detach()  # (device values join the one gather: no extra host sync)
-    norm_row = grad_norm.detach().to(device=device, dtype=torch.float64).reshape(1)
-    stats = torch.cat([stats, norm_row])
-    allstats = [torch.empty_like(stats) for _ in range(world)]
-    dist.all_gather(allstats, stats)
-    st = torch.stack(allstats).cpu().numpy()
-    load_before, load_after = st[:, 4], st[:, 5]
+    # Device values (loss, gradient norm) in one gather and one read; host values apart.
+    norm = grad_norm.detach().to(torch.float64)
+    if norm.device != sq.device:  # (the norm of no gradients is a CPU zero)
+        norm = norm.to(sq.device)
+    dev_row = torch.stack([sq.detach().to(torch.float64), norm])
+    dev_rows = [torch.empty_like(dev_row) for _ in range(world)]
+    dist.all_gather(dev_rows, dev_row)
+    dv = torch.stack(dev_rows).cpu().numpy()  # the step's one read of device data
+    # (on CUDA that read waited for the stream, so the clock's events are done)
+    host = [float(tokens), before, after, float(bag), *(float(x) for x in feats)]
+    host += [clock.busy_s(busy0, busy1), clock.wall_s(start, end)]
+    st = _host_rows(host, device)
+    load_before, load_after = st[:, 1], st[:, 2]
     mean = float(load_before.mean()) or 1.0
     extra: dict[str, Any] = {}
     if plan is not None:
@@ -247,19 +240,19 @@ def train_step(
         }
     return {
         "step": step,
-        "loss": float(st[:, 3].sum() / float(n_vis[0])),
+        "loss": float(dv[:, 0].sum() / n_vis),
         "lr": float(optim.param_groups[0]["lr"]),
-        "grad_norm": float(st[0, -1]),  # the same on every rank (a global norm)
-        "rank_compute_cpu_s": st[:, 0].tolist(),
-        "rank_compute_wall_s": st[:, 1].tolist(),
-        "rank_tokens": [int(x) for x in st[:, 2]],
+        "grad_norm": float(dv[0, 1]),  # the same on every rank (a global norm)
+        "step_wall_s": float(st[:, -1].max()),
+        "rank_busy_s": st[:, -2].tolist(),
+        "rank_tokens": [int(x) for x in st[:, 0]],
         "layout": balancer.layout_spec if balancer is not None else "none",
         "plan_ms": float(plan.plan_ms) if plan is not None else 0.0,
         "plan_step_ms": plan_step_ms,
         "modelled_max_over_mean": float(load_after.max()) / mean,
         "modelled_unbalanced_max_over_mean": float(load_before.max()) / mean,
         "rank_modelled_load": load_after.tolist(),
-        "rank_bag_size": [int(x) for x in st[:, 6]],
-        "rank_cost_features": st[:, 7:-1].tolist(),  # [rank][a, b, c, e, f, u] basis
+        "rank_bag_size": [int(x) for x in st[:, 3]],
+        "rank_cost_features": st[:, 4:-2].tolist(),  # [rank][a, b, c, e, f, u] basis
         **extra,
     }
