@@ -206,7 +206,10 @@ def intersections(mod, params, cam) -> int:
     w, h = cam.width, cam.height
     with torch.no_grad():
         means, quats, log_scales, logits, _ = params
-        fast = importlib.import_module(mod.__name__ + ".fast")
+        try:  # the compiled backend's module (named fast.py in older revisions)
+            fast = importlib.import_module(mod.__name__ + ".numba_backend")
+        except ModuleNotFoundError:
+            fast = importlib.import_module(mod.__name__ + ".fast")
         if hasattr(fast, "proj_opts"):  # the new renderer: opacity-aware, per-axis boxes
             proj = fast.project_numba(
                 means, quats, log_scales, cam.world_to_cam, cam.K(), w, h,
@@ -228,8 +231,9 @@ def profile_stages(params, cam, repeats: int) -> dict[str, float]:
     from splatpainter.render import _kernels as kern
     from splatpainter.render import _kernels_lanes as klanes
     from splatpainter.render import _kernels_proj as kproj
-    from splatpainter.render import fast, project
-    from splatpainter.render.fast import _intrinsics, _np32, _np64, bin_tiles
+    from splatpainter.render import numba_backend as fast
+    from splatpainter.render import project
+    from splatpainter.render.numba_backend import _intrinsics, _np32, _np64, bin_tiles
 
     means, quats, log_scales, logits, sh = params
     w2c, K, w, h = cam.world_to_cam, cam.K(), cam.width, cam.height

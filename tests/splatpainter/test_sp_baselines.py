@@ -10,7 +10,7 @@ from splatpainter.assets.gaussians import GaussianAsset
 from splatpainter.assets.procedural import Texture, build_asset, make_demo_asset, sphere
 from splatpainter.camera import Camera, orbit_cameras
 from splatpainter.edit import BackprojectMethod, EditSession, EditView, OptimizeMethod
-from splatpainter.edit.shares import alpha_footprint, visibility
+from splatpainter.edit.visibility import alpha_footprint, visibility
 from splatpainter.render import render
 from splatpainter.render.api import splat_weights
 

@@ -10,9 +10,9 @@ import torch
 
 from splatpainter.assets.gaussians import SH_C0
 from splatpainter.edit.methods import EditMethod, write_back
-from splatpainter.edit.shares import Visibility, visibility
 from splatpainter.edit.signals import gather_signals, solve_from_evidence
 from splatpainter.edit.views import EditView, effective_mask
+from splatpainter.edit.visibility import Visibility, visibility
 
 
 class BackprojectMethod(EditMethod):
@@ -40,7 +40,7 @@ class BackprojectMethod(EditMethod):
     object's back; the least-squares form uses f_g > 0 only to select the Gaussians it solves for.
     The factor f_g in [0, 1] is the Gaussian's *meaningful share* of its pixels:
 
-        seen_g = sum_p m_p w_gp / sum_p m_p alpha_gp   (shares.Visibility.seen)
+        seen_g = sum_p m_p w_gp / sum_p m_p alpha_gp   (visibility.Visibility.seen)
 
     the fraction of its own alpha that reaches the image (the alpha-weighted mean transmittance
     T_gp in front of it; w_gp = T_gp alpha_gp), so a faint Gaussian in plain sight counts as

@@ -11,7 +11,7 @@ cores the dozens of small tensor ops (and their autograd graph) cost more than t
 Every constant of the maths (SH basis constants, near/far planes, eps2d, alpha cut-off, box
 cap, overflow guard) arrives as an argument, never as a module global: numba freezes globals
 into its on-disk cache, so an edited constant would otherwise keep its old value in the
-compiled path until the cache was cleared. ``fast.py`` builds these argument arrays.
+compiled path until the cache was cleared. ``numba_backend.py`` builds these argument arrays.
 """
 
 from __future__ import annotations

@@ -265,9 +265,9 @@ def _render_one(gaussians, world_to_cam, K, width, height, bg, sh_degree, backen
     means, quats, log_scales, opacity_logits, sh, colors = gaussians
     w2c = world_to_cam.to(device=means.device, dtype=means.dtype)
     if backend == "numba":
-        from splatpainter.render import fast
+        from splatpainter.render import numba_backend as nb
 
-        project, shade, raster = fast.project_numba, fast.sh_to_color_numba, fast.rasterize_numba
+        project, shade, raster = nb.project_numba, nb.sh_to_color_numba, nb.rasterize_numba
     else:
         from splatpainter.render.reference import rasterize_reference as raster
 
