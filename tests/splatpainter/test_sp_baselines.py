@@ -97,7 +97,7 @@ def assert_assets_equal(a, b):
         assert ka == kb and torch.equal(ta, tb), ka
 
 
-# ------------------------------------------------------------------ seen share (edit/shares.py)
+# ------------------------------------------------------------------ seen share (edit/visibility.py)
 def test_alpha_footprint_matches_each_gaussian_rendered_alone():
     # Alone, a Gaussian's compositing weight is its own alpha: the renderer's colour gradient
     # of a one-Gaussian asset is the footprint alpha_footprint computes for it within the scene.
