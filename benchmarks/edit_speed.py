@@ -10,14 +10,27 @@ Baselines are timed on the same edit.  Medians over --repeats after one warm-up 
 run and the process CPU seconds per Stage II edit: on a shared machine the wall-clock median
 includes other load, CPU seconds / threads is what an idle machine would take).
 
+At capture scale (--gaussians 200000 or more) the asset is the demo asset tiled on a 3x3x3
+lattice (--tiles 27; 1,021,761 Gaussians for --gaussians 1021761, the count of the issue's
+chair tiled 27 times), and the figures are those of opening and editing it: Stage I opened cold
+(an empty latent cache in a temporary folder unless --cache-dir) and again from the disk cache
+by a new editor (a reopened session), per-edit seconds of `ModelMethod.apply` (the restricted
+path of a local kind: model/restricted.py) with the time of each stage, one 512x512 render of
+the asset for the ratio the issue sets (apply <= 3x render), the resident memory a session
+keeps per edit (over 4 edits), and the process's peak RSS.
+Baselines and the full (unrestricted) network are not run there: the full walk alone would
+need several GB at 1M.
+
     python benchmarks/edit_speed.py [--json] [--threads 2] [--gaussians 20000] [--size 128]
-                                    [--kind paint|recolor|relight]
+                                    [--kind paint|recolor|relight|detail]
+    python benchmarks/edit_speed.py --threads 1 --gaussians 1021761 --size 512
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -37,6 +50,144 @@ def _median_s(fn, repeats: int) -> float:
     return statistics.median(_times_s(fn, repeats))
 
 
+SCALE_GAUSSIANS = 200_000  # from here on: the capture-scale figures (see the module doc)
+SESSION_EDITS = 4  # edits applied in a session to measure what each one keeps
+
+
+def _rss_mb() -> float:
+    """This process's resident memory now (Linux /proc)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def tiled_demo(gaussians: int, tiles: int):
+    """(surface normals [N, 3], the asset): `tiles` copies of the demo asset with
+    gaussians / tiles Gaussians each on a cubic lattice, 10% apart."""
+    import torch
+
+    from splatpainter.assets.gaussians import GaussianAsset
+    from splatpainter.assets.procedural import make_demo_asset
+
+    side = round(tiles ** (1 / 3))
+    if side**3 != tiles or tiles < 1:
+        raise SystemExit(f"--tiles must be a cube (1, 8, 27, ...), got {tiles}")
+    per = -(-gaussians // tiles)
+    demo = make_demo_asset(per, seed=0)
+    if tiles == 1:
+        return demo.normals, demo.asset
+    base = demo.asset
+    step = 1.1 * float((base.means.max(0).values - base.means.min(0).values).max())
+    parts = [
+        base.replace(means=base.means + step * torch.tensor([i, j, k], dtype=base.means.dtype))
+        for i in range(side)
+        for j in range(side)
+        for k in range(side)
+    ]
+    return demo.normals.repeat(tiles, 1), GaussianAsset.concat(parts)
+
+
+def at_scale(args, asset, view, tiles: int) -> None:
+    """Open (cold, then from the disk cache) and edit a large asset; print the figures."""
+    import tempfile
+
+    import torch
+
+    from splatpainter.camera import orbit_cameras
+    from splatpainter.edit import ModelMethod
+    from splatpainter.edit.methods import apply_color_delta, build_edit_sample
+    from splatpainter.model.editor import load_editor
+    from splatpainter.model.latent_cache import LatentCache, default_max_bytes
+    from splatpainter.model.restricted import can_restrict, local_forward
+    from splatpainter.render import render
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = LatentCache(args.cache_dir or tmp, default_max_bytes() or 4 << 30)
+        model = load_editor(args.weights)
+        model.latent_cache = cache
+        t0 = time.perf_counter()
+        state = ModelMethod(model, kind=args.kind).initial_state(asset)
+        t_open = time.perf_counter() - t0
+        parts = dict(model.open_timings)
+        # a new session on the same asset: a new editor, the same disk cache
+        model = load_editor(args.weights)
+        model.latent_cache = cache
+        method = ModelMethod(model, kind=args.kind)
+        t0 = time.perf_counter()
+        state = method.initial_state(asset)
+        t_cached = time.perf_counter() - t0
+        entry_mb = cache.size_bytes() / 2**20
+
+    cam512 = orbit_cameras(asset, 4, width=512, height=512)[0]
+    render(asset, cam512)  # warm-up
+    t_render = _median_s(lambda: render(asset, cam512), 1)
+
+    # one edit, stage by stage (the same calls ModelMethod.apply makes)
+    settings = model.stage2.config.signal_settings()
+    stages: dict[str, float] = {}
+    method.apply(asset, [view], state)  # warm-up (numba kernels, allocator)
+    t0 = time.perf_counter()
+    sample = build_edit_sample(asset, [view], state["latent"], hint=args.kind, settings=settings)
+    stages["signals_and_least_squares"] = time.perf_counter() - t0
+    rows = None
+    if can_restrict(model.stage2, sample):
+        local, _ = local_forward(model.stage2, sample, state["fast"], timings=stages)
+        rows, rgb, rest = local.rows, local.rgb, local.rest_map
+        subgraph = local.subgraph_size
+    else:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            deltas, _ = model.stage2([sample], state["fast"])
+        stages["stage2_full"] = time.perf_counter() - t0
+        rgb, rest, subgraph = deltas[0]["rgb"], deltas[0]["rest_map"], asset.num_gaussians
+    t0 = time.perf_counter()
+    new = apply_color_delta(asset, rgb, rest, rows=rows)
+    stages["write_back"] = time.perf_counter() - t0
+    changed = int((new.sh != asset.sh).flatten(1).any(1).sum())
+
+    cpu0 = time.process_time()
+    edit_times = _times_s(lambda: method.apply(asset, [view], state), args.repeats)
+    cpu_edit = (time.process_time() - cpu0) / (args.repeats + 1)
+    t_edit = statistics.median(edit_times)
+
+    # what a session's history holds per edit (the asset's new SH tensor, the fast weights)
+    from splatpainter.edit import EditSession
+
+    session = EditSession(asset, method)
+    rss0 = _rss_mb()
+    for _ in range(SESSION_EDITS):
+        session.apply([view])
+    per_edit_mb = (_rss_mb() - rss0) / SESSION_EDITS
+    del session
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    result = {
+        "gaussians": asset.num_gaussians,
+        "asset": f"demo asset tiled {tiles}x",
+        "edit_view": f"{args.size}x{args.size}",
+        "kind": args.kind,
+        "threads": args.threads,
+        "open_first_s": round(t_open, 2),
+        **{f"open_{k}_s": round(v, 2) for k, v in parts.items()},
+        "open_cached_s": round(t_cached, 2),
+        "latent_cache_entry_mb": round(entry_mb, 1),
+        "edit_s": round(t_edit, 3),
+        "edit_s_best": round(min(edit_times), 3),
+        "edit_cpu_s": round(cpu_edit, 3),
+        **{f"edit_{k}_s": round(v, 3) for k, v in stages.items()},
+        "gaussians_touched": 0 if rows is None else int(rows.numel()),
+        "gaussians_changed": changed,
+        "walk_subgraph_gaussians": subgraph,
+        "render_512_s": round(t_render, 3),
+        "edit_over_render_512": round(t_edit / t_render, 2),
+        f"session_rss_mb_per_edit_over_{SESSION_EDITS}": round(per_edit_mb, 1),
+        "peak_rss_mb": round(peak_mb, 1),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>44}: {v}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -46,7 +197,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--optimize-steps", type=int, default=50)
     ap.add_argument("--weights", default=None, help="editor weights (default: shipped)")
-    ap.add_argument("--kind", choices=("paint", "recolor", "relight"), default="paint")
+    ap.add_argument("--kind", choices=("paint", "recolor", "relight", "detail"), default="paint")
+    ap.add_argument("--tiles", type=int, default=None, help="tiles (a cube: 1, 8, 27, ...)")
+    ap.add_argument("--cache-dir", default=None, help="latent cache folder (default: a temp one)")
     args = ap.parse_args()
 
     import torch
@@ -59,19 +212,19 @@ def main() -> None:
     except ImportError:
         pass
 
-    from splatpainter.assets.procedural import make_demo_asset
     from splatpainter.camera import orbit_cameras
     from splatpainter.edit import BackprojectMethod, EditView, ModelMethod, OptimizeMethod
     from splatpainter.model.editor import load_editor
     from splatpainter.render import render
     from splatpainter.train.data import base_colors, with_base_colors
 
-    demo = make_demo_asset(args.gaussians, seed=0)
-    asset = demo.asset
+    scale = args.gaussians >= SCALE_GAUSSIANS
+    tiles = args.tiles if args.tiles is not None else (27 if scale else 1)
+    normals, asset = tiled_demo(args.gaussians, tiles)
     cam = orbit_cameras(asset, 4, width=args.size, height=args.size)[0]
     s = args.size
     colors = base_colors(asset)
-    if args.kind == "paint":
+    if args.kind in ("paint", "detail"):
         img = render(asset, cam).rgb.clamp(0, 1).clone()
         img[s // 3 : s // 2, s // 3 : s // 2] = torch.tensor([1.0, 0.0, 1.0])
     else:
@@ -79,11 +232,15 @@ def main() -> None:
             new = colors[:, [1, 2, 0]] * 0.9 + 0.05
         else:
             light = torch.nn.functional.normalize(torch.tensor([0.3, -0.5, 0.8]), dim=0)
-            new = colors * (0.3 + 0.8 * (demo.normals @ light).clamp_min(0))[:, None]
+            new = colors * (0.3 + 0.8 * (normals @ light).clamp_min(0))[:, None]
         img = render(with_base_colors(asset, new.clamp(0, 1)), cam).rgb.clamp(0, 1)
     view = EditView(cam, img)
 
+    if scale:
+        at_scale(args, asset, EditView(cam, img), tiles)
+        return
     model = load_editor(args.weights)
+    model.latent_cache = None  # Stage I is timed cold
     method = ModelMethod(model, kind=args.kind)
 
     def stage1() -> None:

@@ -44,7 +44,7 @@ def make_method(method: str, weights: Path | None, steps: int, kind: str = "auto
 
 @app.command()
 def edit(
-    asset_path: Path = typer.Argument(..., metavar="ASSET", help=".ply or .splat file"),
+    asset_path: Path = typer.Argument(..., metavar="ASSET", help=".ply, .splat or .spz file"),
     view: list[Path] = typer.Option(
         ..., metavar="CAM.json", help="camera JSON of an edited view (repeatable)"
     ),
@@ -112,7 +112,11 @@ def edit(
             from splatpainter.io.ply import read_ply_with_extras
 
             extras = read_ply_with_extras(asset_path, notes=[])[1]  # notes: given by read_asset
-        sess = EditSession(read_asset(asset_path), meth, extras)
+        source = read_asset(asset_path)
+        # the model's Stage I runs here (tens of seconds at 1M Gaussians; read back from the
+        # latent cache when the asset was opened before)
+        with status(f"opening {asset_path.name} ({source.num_gaussians:,} Gaussians)"):
+            sess = EditSession(source, meth, extras)
     if sess.asset.num_gaussians == 0:
         raise UserError("the asset has no Gaussians: nothing to edit")
     kernel_warmup()

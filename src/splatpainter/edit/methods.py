@@ -18,6 +18,7 @@ import torch
 from splatpainter.assets.gaussians import SH_C0, map_sh_bands, sh_dc_to_rgb
 from splatpainter.edit.signals import gather_signals
 from splatpainter.edit.views import EditView
+from splatpainter.model.restricted import can_restrict, local_forward
 from splatpainter.model.stage1 import Stage1Latent
 from splatpainter.model.stage2 import EDIT_HINTS, EditSample, SignalSettings, hint_maps
 from splatpainter.model.ttt import FastWeights
@@ -127,11 +128,21 @@ def build_edit_sample(
     )
 
 
-def apply_color_delta(asset, rgb_delta: torch.Tensor, rest_map: torch.Tensor | None = None):
+def apply_color_delta(
+    asset,
+    rgb_delta: torch.Tensor,
+    rest_map: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+):
     """Add a base-colour delta [N, 3] to SH DC and map the higher SH bands by `rest_map`
     [N, 3, 3] (rest'[n, k] = rest_map[n] @ rest[n, k]: a linear colour map applies to every band,
     a shading scales the view-dependent terms too).  A Gaussian whose delta is zero and whose
-    map is the identity keeps its bits."""
+    map is the identity keeps its bits.
+
+    rows [R] (optional): the deltas and maps are those of these Gaussians only (the others'
+    are zero / the identity); the work is then per changed Gaussian, plus one copy of sh."""
+    if rows is not None:
+        return _apply_color_delta_rows(asset, rows, rgb_delta, rest_map)
     sh = asset.sh.clone()
     sh[:, 0, :] = asset.sh[:, 0, :] + (rgb_delta / SH_C0).to(sh)
     moved = (rgb_delta != 0).any(-1)
@@ -141,6 +152,25 @@ def apply_color_delta(asset, rgb_delta: torch.Tensor, rest_map: torch.Tensor | N
         sh[:, 1:, :] = map_sh_bands(asset.sh[:, 1:, :], rest_map)
         moved = moved | remapped
     return write_back(asset, moved, sh=sh)
+
+
+def _apply_color_delta_rows(
+    asset, rows: torch.Tensor, rgb_delta: torch.Tensor, rest_map: torch.Tensor | None
+):
+    """`apply_color_delta` with deltas given for `rows` only (the same values, row by row)."""
+    old = asset.sh[rows]
+    new = old.clone()
+    new[:, 0, :] = old[:, 0, :] + (rgb_delta / SH_C0).to(old)
+    moved = (rgb_delta != 0).any(-1)
+    if rest_map is not None and asset.sh.shape[1] > 1:
+        eye = torch.eye(3, dtype=rest_map.dtype, device=rest_map.device)
+        new[:, 1:, :] = map_sh_bands(old[:, 1:, :], rest_map)
+        moved = moved | (rest_map != eye).flatten(1).any(-1)
+    if not bool(moved.any()):
+        return asset
+    sh = asset.sh.clone()
+    sh[rows[moved]] = new[moved]
+    return asset.replace(sh=sh)
 
 
 class ModelMethod(EditMethod):
@@ -200,8 +230,14 @@ class ModelMethod(EditMethod):
             # Nothing seen or nothing changed: every delta would be exactly zero; the fast
             # weights stay as they were too.
             return asset, state
-        deltas, fast = self.model.stage2([sample], state["fast"])
-        out = apply_color_delta(asset, deltas[0]["rgb"], deltas[0]["rest_map"])
+        if can_restrict(self.model.stage2, sample):
+            # A local kind moves only touched Gaussians: Stage II runs on them and the part of
+            # the graph they depend on (model/restricted.py; the same numbers as the full pass).
+            local, fast = local_forward(self.model.stage2, sample, state["fast"])
+            out = apply_color_delta(asset, local.rgb, local.rest_map, rows=local.rows)
+        else:
+            deltas, fast = self.model.stage2([sample], state["fast"])
+            out = apply_color_delta(asset, deltas[0]["rgb"], deltas[0]["rest_map"])
         if self.refresh_latent:
             latent = self.model.encode_asset(out)
         return out, {"fast": [f.detach() for f in fast], "latent": latent}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,10 @@ import torch
 from torch import nn
 
 from appshell.atomic import atomic_write_with
+from appshell.errors import first_line
 from appshell.inputs import InputFileError, check_regular_file, load_torch, loads_json
 from appshell.tables import dataclass_from_table
+from splatpainter.model.latent_cache import LatentCache, cache_key
 from splatpainter.model.stage1 import (
     PreprocessViews,
     Stage1Config,
@@ -38,6 +41,42 @@ CHECKPOINT_FORMAT = "splatpainter-editor"
 TRAIN_CHECKPOINT_FORMAT = "splatpainter-train"  # what `splatpainter train` writes
 CHECKPOINT_VERSION = 1
 DEFAULT_SEED = 0
+
+
+DISK_CACHE_MIN_GAUSSIANS = 50_000
+
+
+def check_latent(latent: Stage1Latent, n: int, config: EditorConfig) -> None:
+    """ValueError naming the first part of a (cached) latent that does not fit an asset of n
+    Gaussians and this editor's config."""
+    c1, c2 = config.stage1, config.stage2
+    want = {
+        "gauss_voxel": (latent.vox.gauss_voxel, (n,)),
+        "gauss_feat": (latent.gauss_feat, (n, c1.gauss_feat_dim)),
+        "voxel_latent": (latent.voxel_latent, (latent.vox.num_voxels, c1.latent_dim)),
+    }
+    if latent.normals is not None:
+        want["normals"] = (latent.normals, (n, 3))
+    g = latent.graph
+    if c2.propagate:
+        if g is None:
+            raise ValueError("no graph")
+        want |= {
+            "graph.fine_idx": (g.fine_idx, (n, c2.prop_k)),
+            "graph.points": (g.points, (n, 3)),
+            "graph.up_idx": (g.up_idx, (n, g.up_idx.shape[1])),
+            "graph.attrs": (g.attrs, (n, g.attrs.shape[1])),
+        }
+    for name, (t, shape) in want.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    idx = [(latent.vox.gauss_voxel, latent.vox.num_voxels)]
+    if g is not None:
+        idx += [(g.fine_idx, n), (g.anchors, n), (g.up_idx, g.anchors.numel())]
+        idx += [(g.coarse_idx, g.anchors.numel())]
+    for t, bound in idx:
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= bound):
+            raise ValueError("an index out of range")
 
 
 class CheckpointError(ValueError):
@@ -85,6 +124,11 @@ class EditorModel(nn.Module):
         self.stage2 = Stage2Editor(self.config.stage2, self.config.stage1.latent_dim)
         self._cache: dict[str, Stage1Latent] = {}
         self.trained = False  # set by load_weights from the file's metadata
+        # Stage I latents of large assets persist on disk (None: never); small ones encode in
+        # well under a second and are not worth the disk.
+        self.latent_cache: LatentCache | None = LatentCache.from_env()
+        self.disk_cache_min_gaussians = DISK_CACHE_MIN_GAUSSIANS
+        self.open_timings: dict[str, float] = {}  # seconds of the last Stage I run, by part
 
     @classmethod
     def initial(cls, config: EditorConfig | None = None, seed: int = DEFAULT_SEED) -> EditorModel:
@@ -124,14 +168,53 @@ class EditorModel(nn.Module):
 
     @torch.no_grad()
     def encode_asset(self, asset) -> Stage1Latent:
-        """Stage I for one asset, cached by (asset content, weights) hash."""
-        key = asset_content_hash(asset) + ":" + self.weights_fingerprint()
+        """Stage I for one asset, cached by (asset content, weights) hash: in memory (the
+        last asset), and on disk (`latent_cache`) for assets of `disk_cache_min_gaussians` or
+        more, so a session reopened on a large asset does not pay for Stage I again."""
+        content = asset_content_hash(asset)
+        fingerprint = self.weights_fingerprint()
+        key = content + ":" + fingerprint
         hit = self._cache.get(key)
-        if hit is None:
-            hit = self.stage1([asset], [self.preprocess(asset)])[0].detach()
-            hit.graph = self.asset_graph(asset)
-            self._cache = {key: hit}  # one asset at a time is what a session needs
+        if hit is not None:
+            return hit
+        disk = self.latent_cache if asset.num_gaussians >= self.disk_cache_min_gaussians else None
+        if disk is None:
+            hit = self._encode(asset)
+        else:
+            dkey = cache_key(content, fingerprint, json.dumps(asdict(self.config), sort_keys=True))
+            hit = self._read_cached(disk, dkey, asset)
+            if hit is None:
+                hit = self._encode(asset)
+                disk.put(dkey, hit.to_dict())
+        self._cache = {key: hit}  # one asset at a time is what a session needs
         return hit
+
+    def _encode(self, asset) -> Stage1Latent:
+        t0 = time.perf_counter()
+        views = self.preprocess(asset)
+        t1 = time.perf_counter()
+        latent = self.stage1([asset], [views])[0].detach()
+        t2 = time.perf_counter()
+        latent.graph = self.asset_graph(asset)
+        self.open_timings = {
+            "preprocess_renders": t1 - t0,
+            "stage1_encoder_and_normals": t2 - t1,
+            "knn_graph": time.perf_counter() - t2,
+        }
+        return latent
+
+    def _read_cached(self, disk: LatentCache, dkey: str, asset) -> Stage1Latent | None:
+        """The disk entry as a latent, or None; one that does not fit the asset is discarded."""
+        data = disk.get(dkey)
+        if data is None:
+            return None
+        try:
+            latent = Stage1Latent.from_dict(data, asset.device)
+            check_latent(latent, asset.num_gaussians, self.config)
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+            disk.discard(dkey, first_line(e))
+            return None
+        return latent
 
 
 # ------------------------------------------------------------------------- checkpoints

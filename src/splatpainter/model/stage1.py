@@ -231,9 +231,21 @@ def pool_image_features(
     return torch.cat([pooled, frac[:, None]], dim=-1)
 
 
+# Above this many (faint x trusted) distance pairs the faint normals are oriented region by
+# region (`orient_faint_locally`); below it, by the one all-pairs call, as always.
+LOCAL_ORIENT_PAIRS = 1 << 27
+
+
 def asset_normals(asset, views: PreprocessViews) -> torch.Tensor:
-    """Oriented per-Gaussian normals, oriented by the preprocessing views that see them."""
-    from splatpainter.model.hypotheses import estimate_normals
+    """Oriented per-Gaussian normals, oriented by the preprocessing views that see them.
+
+    `estimate_normals` turns faint normals by their nearest trusted neighbours with an all-pairs
+    distance matrix: O(faint x trusted) time and a [1024, trusted] block of memory (minutes and
+    gigabytes at 1M Gaussians).  For large assets it is called with every view weight scaled by
+    the same power of two so small that no Gaussian is trusted (exact: each vote's sign is
+    unchanged, and no neighbour pass runs), and the faint ones are then turned region by region
+    (`orient_faint_locally`), which gives the same result."""
+    from splatpainter.model.hypotheses import NORMAL_MIN_WEIGHT, estimate_normals
 
     a = asset.detach()
     centers = (
@@ -242,7 +254,74 @@ def asset_normals(asset, views: PreprocessViews) -> torch.Tensor:
         else None
     )
     weights = views.weights if views.num_views else None
-    return estimate_normals(a.quats, a.log_scales, a.means, weights, centers)
+    if weights is None or not weights.numel():
+        return estimate_normals(a.quats, a.log_scales, a.means, weights, centers)
+    seen = weights.to(a.means).sum(0)
+    trusted = seen >= NORMAL_MIN_WEIGHT
+    n_trusted = int(trusted.sum())
+    if n_trusted * (len(seen) - n_trusted) <= LOCAL_ORIENT_PAIRS:
+        return estimate_normals(a.quats, a.log_scales, a.means, weights, centers)
+    top = float(seen.max())
+    shift = max(0, int(torch.tensor(top / NORMAL_MIN_WEIGHT).log2().ceil()) + 1)
+    scaled = weights * 2.0**-shift  # a power of two: every product and sum scales exactly
+    voted = estimate_normals(a.quats, a.log_scales, a.means, scaled, centers)
+    return orient_faint_locally(voted, a.means, trusted, a.log_scales)
+
+
+def orient_faint_locally(
+    n: torch.Tensor,
+    means: torch.Tensor,
+    trusted: torch.Tensor,
+    log_scales: torch.Tensor,
+    chunk: int = 4096,
+) -> torch.Tensor:
+    """`hypotheses.orient_by_neighbours`, called on one spatial chunk of faint Gaussians at a
+    time with only the trusted Gaussians that can be among their nearest: the union of each
+    one's nearest trusted by a k-d tree, with a margin of ranks, in index order (as the full
+    call sees them).  The function and its distance arithmetic are the same, so each faint
+    normal is turned as the all-pairs call turns it (checked bit for bit at 1M Gaussians).
+    Chunks of 4096: on the 1M tiled asset (1.4k trusted) 4.2 s of CPU against 34 s for
+    chunks of 256 (the calls' overhead); the all-pairs call took 1.6x the 4096 chunks' CPU
+    there, and grows with faint x trusted."""
+    from scipy.spatial import cKDTree
+
+    from splatpainter.model.hypotheses import NORMAL_NEIGHBOURS, orient_by_neighbours
+
+    faint = (~trusted).nonzero().squeeze(1)
+    good = trusted.nonzero().squeeze(1)
+    margin = max(NORMAL_NEIGHBOURS + 10, 26)  # > 25 columns: cdist's matrix-product path
+    if faint.numel() == 0 or good.numel() <= margin:
+        return orient_by_neighbours(n, means, trusted, log_scales)
+    pts = means.detach().cpu().double().numpy()
+    faint = faint[torch.argsort(morton_codes(means[faint]), stable=True)]  # compact chunks
+    _, cand = cKDTree(pts[good.numpy()]).query(pts[faint.numpy()], k=margin, workers=-1)
+    cand = torch.from_numpy(cand.astype("int64"))
+    out = n.clone()
+    mark = torch.zeros(good.numel(), dtype=torch.bool)
+    for rows, near in zip(faint.split(chunk), cand.split(chunk), strict=True):
+        mark[near.flatten()] = True
+        cols = good[mark.nonzero().squeeze(1)]  # the trusted in index order
+        mark[near.flatten()] = False
+        sub = torch.cat([torch.sort(rows).values, cols])
+        order = torch.argsort(sub)  # the sub-problem in index order, as the full call sees it
+        sub = sub[order]
+        turned = orient_by_neighbours(n[sub], means[sub], trusted[sub], log_scales[sub])
+        is_row = ~trusted[sub]
+        out[sub[is_row]] = turned[is_row]
+    return out
+
+
+def morton_codes(points: torch.Tensor, bits: int = 10) -> torch.Tensor:
+    """[N] int64 Z-order codes of points on a 2^bits grid over their bounding cube: sorting by
+    them keeps nearby points together (chunks of a sorted list are compact in space)."""
+    lo = points.min(0).values
+    side = float((points.max(0).values - lo).max().clamp_min(1e-12))
+    q = ((points - lo) / side * ((1 << bits) - 1)).round().long().clamp(0, (1 << bits) - 1)
+    code = torch.zeros(points.shape[0], dtype=torch.int64, device=points.device)
+    for b in range(bits):
+        for axis in range(3):
+            code |= ((q[:, axis] >> b) & 1) << (3 * b + axis)
+    return code
 
 
 # ------------------------------------------------------------------------- grouping

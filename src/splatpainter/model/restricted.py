@@ -1,0 +1,215 @@
+"""Stage II for a local edit, computed only where it can change something.
+
+A local edit kind (paint, detail: `stage2.LOCAL_HINTS`) moves only the Gaussians that a masked
+pixel shows (`touched`); every other Gaussian keeps its bits by construction.  Their deltas
+depend on the whole asset only through a few small things: the voxel tokens (per-voxel means
+over every Gaussian, then attention among voxels), the edit statistics and colour bins (sums
+over every seen Gaussian), and the learned walk (`model/propagate.py`).  The walk is local in
+its fine steps and global only through the anchors:
+
+- after `fine_steps` steps a Gaussian's value depends on the Gaussians within that many hops
+  of the k-NN graph (their read-back from the anchors, their seeds);
+- the coarse walk among the anchors depends on the seeds pooled to each anchor, which are
+  zero except at touched Gaussians, and on each anchor's Gaussian count.
+
+So the walk runs on a subgraph: the touched Gaussians' `fine_steps`-hop neighbourhood, every
+anchor, and every Gaussian homed at an anchor that a touched one is homed at (for the counts).
+Edges leaving the subgraph become self-loops: only Gaussians `fine_steps` hops out have them,
+and what they compute cannot travel back to a touched one in time.  The cheap per-Gaussian
+inputs (signals, hypotheses, bins) and the voxels' signal tokens are computed for every
+Gaussian; the walk only on the subgraph, and the network (voxel and view tokens, blocks, head)
+through the editor's own forward on the touched Gaussians (`local_forward`).
+`tests/splatpainter/test_sp_restricted.py` checks it against the full forward, bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+
+import torch
+from torch import nn
+
+from splatpainter.model.layers import segment_mean
+from splatpainter.model.propagate import SplatGraph
+from splatpainter.model.stage1 import Stage1Latent
+from splatpainter.model.stage2 import LOCAL_HINTS, EditSample, GaussianSignals, Stage2Editor
+from splatpainter.model.ttt import FastWeights
+
+
+@dataclasses.dataclass
+class LocalDeltas:
+    """Stage II's output for the Gaussians `rows` only (every other delta is exactly zero)."""
+
+    rows: torch.Tensor  # [R] int64, ascending
+    rgb: torch.Tensor  # [R, 3]
+    rest_map: torch.Tensor  # [R, 3, 3]
+    gate: torch.Tensor  # [R]
+    subgraph_size: int  # Gaussians the walk ran on
+
+
+def can_restrict(editor: Stage2Editor, sample: EditSample) -> bool:
+    """Whether `local_forward` applies: a local kind (only touched Gaussians move)."""
+    return sample.hint in LOCAL_HINTS
+
+
+def walk_region(graph: SplatGraph, touched: torch.Tensor, hops: int) -> torch.Tensor:
+    """[N] bool: the Gaussians the walk must run on for the touched ones' values (module doc)."""
+    n = graph.fine_idx.shape[0]
+    region = torch.zeros(n, dtype=torch.bool, device=touched.device)
+    region[touched] = True
+    frontier = touched
+    for _ in range(hops):
+        nxt = graph.fine_idx[frontier].flatten()
+        nxt = nxt[~region[nxt]]
+        if nxt.numel() == 0:
+            break
+        region[nxt] = True
+        frontier = torch.unique(nxt)
+    region[graph.anchors] = True
+    home = graph.up_idx[:, 0]
+    busy = torch.zeros(graph.anchors.numel(), dtype=torch.bool, device=touched.device)
+    busy[home[touched]] = True
+    return region | busy[home]
+
+
+def subgraph(graph: SplatGraph, keep: torch.Tensor) -> SplatGraph:
+    """The graph on the Gaussians `keep` [S] (ascending), edges leaving it turned into
+    self-loops, the anchors and coarse level unchanged.  fine_dist is the full graph's local
+    spacing in every row: the walk reads it only as that median."""
+    n = graph.fine_idx.shape[0]
+    pos = torch.full((n,), -1, dtype=torch.int64, device=keep.device)
+    pos[keep] = torch.arange(keep.numel(), device=keep.device)
+    fine = pos[graph.fine_idx[keep]]
+    own = torch.arange(keep.numel(), device=keep.device)[:, None].expand_as(fine)
+    fine = torch.where(fine >= 0, fine, own)
+    spacing = graph.fine_dist[:, 0].median()
+    return SplatGraph(
+        fine_idx=fine,
+        fine_dist=spacing.expand(keep.numel(), graph.fine_dist.shape[1]),
+        anchors=pos[graph.anchors],
+        coarse_idx=graph.coarse_idx,
+        coarse_dist=graph.coarse_dist,
+        up_idx=graph.up_idx[keep],
+        up_dist=graph.up_dist[keep],
+        points=graph.points[keep],
+        attrs=graph.attrs[keep],
+    )
+
+
+def _signals_rows(sig: GaussianSignals, idx: torch.Tensor) -> GaussianSignals:
+    """The per-Gaussian signals of the Gaussians idx (fitted maps are shared)."""
+
+    def take(t):
+        return None if t is None else t[idx]
+
+    return dataclasses.replace(
+        sig,
+        residual=sig.residual[idx],
+        abs_residual=sig.abs_residual[idx],
+        support=sig.support[idx],
+        in_mask_weight=sig.in_mask_weight[idx],
+        weight=take(sig.weight),
+        solved=take(sig.solved),
+    )
+
+
+class _Clock:
+    """Records the seconds since the previous call under a name (nothing when off)."""
+
+    def __init__(self, out: dict[str, float] | None) -> None:
+        self.out = out
+        self.t = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.out is not None:
+            now = time.perf_counter()
+            self.out[name] = self.out.get(name, 0.0) + now - self.t
+            self.t = now
+
+
+@torch.no_grad()
+def local_forward(
+    editor: Stage2Editor,
+    s: EditSample,
+    state: list[FastWeights],
+    timings: dict[str, float] | None = None,
+) -> tuple[LocalDeltas, list[FastWeights]]:
+    """`Stage2Editor.forward` for one sample of a local kind, restricted to the Gaussians it can
+    move (see the module doc); returns their deltas and the new fast weights.  timings: if
+    given, receives the seconds of each part (for benchmarks/edit_speed.py).
+
+    The editor's own forward runs, on a sample of the touched Gaussians only, through a shallow
+    copy of the editor whose three seams return what the full asset gives: the per-Gaussian
+    inputs (computed on every Gaussian, then taken at the rows), the voxels' signal tokens
+    (means over every Gaussian), and the walk (on the subgraph).  So the head, the gate and the
+    mixing are the editor's, whatever they become."""
+    clock = _Clock(timings)
+    if not can_restrict(editor, s):
+        raise ValueError(f"edit kind {s.hint!r} is not local; use the full forward")
+    sig = s.signals
+    rows = (sig.in_mask_weight > 0).nonzero().squeeze(1)
+    cand, stats, per_gauss, normals, rest = editor._gaussian_inputs(s)
+    vox = s.latent.vox
+    voxel_sig = editor.voxel_sig(segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels))
+    clock("stage2_inputs_all_gaussians")
+    size = 0
+    walk = None
+    if editor.propagation is not None:
+        graph = s.latent.graph
+        if graph is None:
+            raise ValueError("this editor propagates over the asset's graph: the latent has none")
+        keep = walk_region(graph, rows, editor.propagation.fine_steps).nonzero().squeeze(1)
+        size = int(keep.numel())
+        sub_latent = Stage1Latent(
+            vox, s.latent.voxel_latent, s.latent.gauss_feat[keep], None, subgraph(graph, keep)
+        )
+        sub = EditSample(sub_latent, s.views, _signals_rows(sig, keep), s.colors[keep], s.hint)
+        z = editor._walk(sub, cand[keep], per_gauss[keep], normals[keep])
+        walk = z[torch.searchsorted(keep, rows)]
+        clock("stage2_walk_subgraph")
+    inputs = (cand[rows], stats, per_gauss[rows], normals[rows], rest[rows])
+    view = _rows_editor(editor, inputs, voxel_sig, walk)
+    row_vox = dataclasses.replace(vox, gauss_voxel=vox.gauss_voxel[rows])
+    latent = Stage1Latent(row_vox, s.latent.voxel_latent, s.latent.gauss_feat[rows], None, None)
+    signals = _RowSignals(**vars(_signals_rows(sig, rows)), full=sig)
+    out, new_state = view([EditSample(latent, s.views, signals, s.colors[rows], s.hint)], state)
+    clock("stage2_network_touched")
+    d = out[0]
+    return LocalDeltas(rows, d["rgb"], d["rest_map"], d["gate"], size), new_state
+
+
+@dataclasses.dataclass
+class _RowSignals(GaussianSignals):
+    """Some Gaussians' signals whose edit evidence E is the whole asset's (a sum over all)."""
+
+    full: GaussianSignals | None = None
+
+    def evidence(self, tau: float) -> torch.Tensor:
+        assert self.full is not None
+        return self.full.evidence(tau)
+
+
+class _Fixed(nn.Module):
+    """A module that returns a value computed beforehand, whatever its input."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        super().__init__()
+        self.value = value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.value
+
+
+def _rows_editor(
+    editor: Stage2Editor, inputs: tuple, voxel_sig: torch.Tensor, walk: torch.Tensor | None
+) -> Stage2Editor:
+    """A shallow copy of the editor (same weights, the original untouched, so concurrent edits
+    are safe) whose per-Gaussian inputs, voxel signal tokens and walk are the given ones."""
+    view = copy.copy(editor)
+    view._modules = dict(editor._modules)  # the copy's own table: the editor keeps its modules
+    view._modules["voxel_sig"] = _Fixed(voxel_sig)
+    view.__dict__["_gaussian_inputs"] = lambda s: inputs
+    view.__dict__["_walk"] = lambda s, cand, per_gauss, normals: walk
+    return view
