@@ -136,3 +136,25 @@ def test_graph_of_an_asset_has_unit_frame_points():
     assert g.points.abs().max() <= 0.5 + 1e-6
     assert g.fine_idx.shape == (800, 8) and g.up_idx.shape[0] == 800
     assert g.anchors.numel() <= 200
+
+
+def test_walk_in_chunks_equals_the_walk_at_once(monkeypatch):
+    """The edge MLP runs in chunks of rows at capture scale (memory); the walk is the same."""
+    import splatpainter.model.propagate as prop
+
+    asset = _two_spheres(900)
+    n = asset.num_gaussians
+    torch.manual_seed(6)
+    model = EditorModel(small_config(propagate=True, prop_anchors=150)).eval()
+    seen = torch.zeros(n)
+    seen[: n // 5] = 1.0
+    sig = GaussianSignals(0.2 * seen[:, None].expand(n, 3), 0.2 * seen, seen, 2 * seen, 2 * seen)
+    sample = _sample(model, asset, sig)
+    s2 = model.stage2
+    cand, _, per_gauss, normals, _ = s2._gaussian_inputs(sample)
+    with torch.no_grad():
+        whole = s2._walk(sample, cand, per_gauss, normals)
+        monkeypatch.setattr(prop, "AFFINITY_ROWS", 97)  # chunks that do not divide n
+        chunked = s2._walk(sample, cand, per_gauss, normals)
+    assert whole.abs().sum() > 0
+    assert torch.allclose(chunked, whole, rtol=1e-5, atol=1e-7)

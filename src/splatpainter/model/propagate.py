@@ -34,6 +34,7 @@ from splatpainter.model.layers import MLP
 UP_NEIGHBOURS = 3  # anchors each Gaussian reads the coarse walk from
 NODE_ATTRS = 5  # see node_attributes
 GEO_DIM = 5  # distance / spacing, |n_i.n_j|, n_i.n_j, offset along n_i / distance, colour diff
+AFFINITY_ROWS = 1 << 16  # edge rows per chunk of the edge MLP (see Propagation._affinity)
 WALK_EPS = 1e-2  # a Gaussian whose neighbours all have affinity ~0 keeps (almost) nothing
 
 
@@ -155,12 +156,21 @@ class Propagation(nn.Module):
 
     @staticmethod
     def _affinity(edge, u, points, normals, colors, src, dst, spacing) -> torch.Tensor:
-        """[R, k, C] affinities of the edges from the Gaussians `src` [R] to `dst` [R, k]."""
-        geo = edge_geometry(
-            points[src][:, None], points[dst], normals[src][:, None], normals[dst],
-            colors[src][:, None], colors[dst], spacing,
-        )  # fmt: skip
-        return edge(u[src][:, None].expand(-1, dst.shape[1], -1), u[dst], geo)
+        """[R, k, C] affinities of the edges from the Gaussians `src` [R] to `dst` [R, k], in
+        chunks of AFFINITY_ROWS rows: the edge MLP's inputs and hidden layer are ~40 floats
+        per edge, 2.8 GB at a million Gaussians at once (each row's result is its own)."""
+
+        def rows(src, dst):
+            geo = edge_geometry(
+                points[src][:, None], points[dst], normals[src][:, None], normals[dst],
+                colors[src][:, None], colors[dst], spacing,
+            )  # fmt: skip
+            return edge(u[src][:, None].expand(-1, dst.shape[1], -1), u[dst], geo)
+
+        if src.shape[0] <= AFFINITY_ROWS:
+            return rows(src, dst)
+        parts = zip(src.split(AFFINITY_ROWS), dst.split(AFFINITY_ROWS), strict=True)
+        return torch.cat([rows(s, d) for s, d in parts])
 
     @staticmethod
     def _walk(z0, seeds, conf, nbr, aff, steps: int) -> torch.Tensor:
