@@ -17,8 +17,7 @@ with warnings.catch_warnings():  # starlette's note on httpx versions is not our
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from splatpainter.assets.procedural import make_demo_asset
-from splatpainter.io import load_asset, ply_from_bytes, save_asset
+from splatpainter.io import load_asset, ply_from_bytes
 from splatpainter.io.splat import splat_from_bytes
 from splatpainter.web import EditorBackend, ServerConfig, create_app
 
@@ -26,13 +25,6 @@ SIZE = 64
 VIEW = {"az": 30.0, "el": 20.0, "zoom": 1.0, "pan_x": 0.0, "pan_y": 0.0}
 JSON_TYPE = {"Content-Type": "application/json"}
 R0 = {"revision": 0}  # a fresh session's revision
-
-
-@pytest.fixture(scope="module")
-def asset_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("asset") / "small.ply"
-    save_asset(make_demo_asset(1500, seed=0).asset, path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -29,13 +28,6 @@ pytestmark = pytest.mark.timeout(900)
 SIZE = 64
 VIEW = {"az": 30.0, "el": 20.0, "zoom": 1.0, "pan_x": 0.0, "pan_y": 0.0}
 JSON = {"Content-Type": "application/json"}
-
-
-@pytest.fixture(scope="module")
-def asset_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("asset") / "small.ply"
-    save_asset(make_demo_asset(1500, seed=0).asset, path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -12,19 +12,11 @@ import pytest
 pytest.importorskip("fastapi")
 
 from splatpainter.assets.gaussians import SH_C0
-from splatpainter.assets.procedural import make_demo_asset
-from splatpainter.io import load_asset, ply_from_bytes, save_asset
+from splatpainter.io import load_asset, ply_from_bytes
 from splatpainter.web.harness import ServerProcess
 from splatpainter.web.harness import http_call as call
 
 pytestmark = pytest.mark.timeout(900)
-
-
-@pytest.fixture(scope="module")
-def asset_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("asset") / "small.ply"
-    save_asset(make_demo_asset(1500, seed=0).asset, path)
-    return path
 
 
 @pytest.fixture(scope="module")
