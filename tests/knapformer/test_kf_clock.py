@@ -20,6 +20,10 @@ from knapformer.calibration.clock import Clock, CPUClock, clock_for, comm_span
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _dist_utils import TINY_TRAIN, run_workers
 
+# thread_time and perf_counter are two clocks read one after the other: on pure CPU work the
+# thread clock can run a few microseconds ahead of the wall clock (seen: 2.7 us over 20 ms)
+RESOLUTION_S = 1e-3
+
 
 def _spin(seconds: float) -> None:
     end = time.thread_time() + seconds
@@ -37,7 +41,8 @@ def test_cpu_clock_counts_work_and_not_sleep():
     c = clock.mark()
     assert clock.wall_s(a, b) >= 0.05  # the sleep is wall time ...
     assert clock.busy_s(a, b) < 0.01  # ... not this thread's work
-    assert clock.busy_s(b, c) >= 0.02 and clock.wall_s(b, c) >= clock.busy_s(b, c)
+    assert clock.busy_s(b, c) >= 0.02
+    assert clock.wall_s(b, c) >= clock.busy_s(b, c) - RESOLUTION_S
     clock.wait()  # (nothing to wait for on CPU)
 
 
@@ -118,4 +123,4 @@ def test_step_wall_time_is_the_same_on_every_rank_and_covers_busy_time(tmp_path)
         assert a["step_wall_s"] == b["step_wall_s"] > 0  # (the slowest rank's, on every rank)
         assert a["rank_busy_s"] == b["rank_busy_s"] and len(a["rank_busy_s"]) == 2
         # one thread's CPU time inside the step cannot exceed the step's wall time
-        assert 0 < max(a["rank_busy_s"]) <= a["step_wall_s"]
+        assert 0 < max(a["rank_busy_s"]) <= a["step_wall_s"] + RESOLUTION_S
