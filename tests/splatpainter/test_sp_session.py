@@ -211,3 +211,23 @@ def test_bad_edit_inputs(scene):
     with pytest.raises(EditInputError, match="at least one view"):
         session.apply([])
     assert len(session.history) == 1
+
+
+def test_record_and_rollback_keep_the_history_exact(scene, model):
+    """A direct edit (the web editor's selection delete) enters the history with the method
+    state carried over; a rollback to a mark drops what came after it, undo included."""
+    asset, cams = scene
+    session = EditSession(asset, make_method("backproject", model))
+    first = session.apply(EditView(cams[0], paint(asset, cams[0])))
+    mark = session.mark()
+    direct = first.replace(opacity_logits=first.opacity_logits - 3.0)
+    session.record(direct, "fade", "selection")
+    assert session.history[-1].label == "fade" and session.history[-1].method == "selection"
+    assert session.state is session.history[-2].state
+    assert_assets_equal(session.asset, direct)
+    session.apply(EditView(cams[1], paint(direct, cams[1], (0.0, 1.0, 0.0))))
+    session.undo()
+    session.rollback(mark)
+    assert_assets_equal(session.asset, first)
+    assert not session.can_redo and len(session.history) == 2
+    assert_assets_equal(session.undo(), asset)

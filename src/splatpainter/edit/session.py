@@ -535,6 +535,20 @@ class EditSession:
         self._entries = [*self._entries[: self._index + 1], entry]
         self._index += 1
 
+    def record(self, asset, label: str = "", method: str = "direct") -> None:
+        """Add an asset made outside the edit methods (a selection's delete or exact colour
+        adjustment) to the history; the method state carries over."""
+        self._push(HistoryEntry(asset, self.state, [], label, 0.0, method))
+
+    def mark(self) -> tuple[list[HistoryEntry], int]:
+        """The history as it is now, for `rollback` (the list is replaced, never changed in
+        place, so the mark stays valid)."""
+        return self._entries, self._index
+
+    def rollback(self, mark: tuple[list[HistoryEntry], int]) -> None:
+        """Back to a `mark`: an edit dropped after the fact (cancelled, failed, or a no-op)."""
+        self._entries, self._index = mark
+
     def apply(
         self,
         views: EditView | list[EditView],

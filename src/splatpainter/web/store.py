@@ -116,12 +116,10 @@ class LiveSession:
     def record(self, asset, label: str, method: str) -> bool:
         """Add `asset` (made by a direct edit, not an edit method) to the history, the method
         state carried over; False (nothing added) when no Gaussian changed."""
-        from splatpainter.edit.session import HistoryEntry
-
         s = self.session
         if asset is s.asset:
             return False
-        s._push(HistoryEntry(asset, s.state, [], label, 0.0, method))  # (no public way in)
+        s.record(asset, label, method)
         return s.changed_gaussians(s.index) > 0
 
     def meta(self) -> dict[str, Any]:
@@ -370,7 +368,7 @@ class SessionStore:
         if not live.lock.acquire(blocking=False):
             raise Busy(f"this session is busy ({(live.busy or {}).get('what', 'an edit')})")
         s = live.session
-        before = (s._entries, s._index)  # EditSession has no public rollback; restored below
+        before = s.mark()
         try:
             if revision != live.revision:
                 raise Stale(live.revision, revision)
@@ -381,10 +379,10 @@ class SessionStore:
                 if live.cancel.is_set():
                     raise Cancelled(f"cancelled: {what} was stopped and left no trace")
             except BaseException:
-                s._entries, s._index = before
+                s.rollback(before)
                 raise
             if not changed:
-                s._entries, s._index = before
+                s.rollback(before)
             else:
                 live.revision += 1
                 self.save(live)
