@@ -4,6 +4,7 @@ a test run never reads or fills the user's ~/.cache/splatpainter (subprocesses i
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,19 @@ def asset_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("asset") / "small.ply"
     save_asset(make_demo_asset(1500, seed=0).asset, path)
     return path
+
+
+@pytest.fixture(scope="module")
+def playwright_api():
+    """playwright's sync API for the browser tests, or a skip that says (also on stderr, so CI
+    logs show it) why Chromium cannot be driven here."""
+    pytest.importorskip("fastapi")
+    from splatpainter.web.harness import chromium_missing
+
+    why = chromium_missing()
+    if why:
+        print(f"browser test skipped: {why}", file=sys.stderr)
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+
+    return sync_playwright

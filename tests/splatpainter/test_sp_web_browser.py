@@ -9,7 +9,6 @@ Every wait is on the page's own state (`data-ready`, the history entry), never a
 import io
 import os
 import re
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -24,24 +23,6 @@ ARTIFACTS = (
 )
 SIZE = 512
 WAIT_MS = 180_000  # the longest any one step may take (an apply on a busy machine)
-
-
-def _skip(reason: str):
-    print(f"browser test skipped: {reason}", file=sys.stderr)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def playwright_api():
-    pytest.importorskip("fastapi")
-    from splatpainter.web.harness import chromium_missing
-
-    why = chromium_missing()
-    if why:
-        _skip(why)
-    from playwright.sync_api import sync_playwright
-
-    return sync_playwright
 
 
 @pytest.fixture(scope="module")

@@ -21,19 +21,6 @@ WAIT_MS = 180_000
 
 
 @pytest.fixture(scope="module")
-def playwright_api():
-    pytest.importorskip("fastapi")
-    from splatpainter.web.harness import chromium_missing
-
-    why = chromium_missing()
-    if why:
-        pytest.skip(why)
-    from playwright.sync_api import sync_playwright
-
-    return sync_playwright
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A small asset (fast edits); an optimize edit runs 30 s unless cancelled (long enough to
     reload the page while it runs, even on a loaded machine)."""

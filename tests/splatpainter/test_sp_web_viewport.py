@@ -198,15 +198,12 @@ def _skip(reason: str):
 
 
 @pytest.fixture(scope="module")
-def playwright_api():
-    from splatpainter.web.harness import chromium_missing
-
-    why = chromium_missing() or vendor_missing()
+def playwright_api(playwright_api):
+    """The shared browser fixture (tests/splatpainter/conftest.py), and the viewport library."""
+    why = vendor_missing()
     if why:
         _skip(why)
-    from playwright.sync_api import sync_playwright
-
-    return sync_playwright
+    return playwright_api
 
 
 @pytest.fixture(scope="module")
