@@ -79,6 +79,23 @@ def test_edit_writes_an_edited_asset(files, method):
     assert (after - paint).abs().mean() < (before - paint).abs().mean()
 
 
+def test_edit_writes_spz_as_the_ply_within_its_quantisation(files, tmp_path):
+    """--out .spz holds the same edit as --out .ply, within .spz's 8-bit colours."""
+    d, asset, _ = files
+    args = [d / "asset.ply", "--view", d / "cam.json", "--image", d / "edited.png",
+            "--method", "backproject"]  # fmt: skip
+    r = run(*args, "--out", tmp_path / "out.ply")
+    assert r.exit_code == 0, r.output
+    r = run(*args, "--out", tmp_path / "out.spz", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["out"] == str(tmp_path / "out.spz")
+    ply, spz = load_asset(tmp_path / "out.ply"), load_asset(tmp_path / "out.spz")
+    assert spz.num_gaussians == asset.num_gaussians
+    dc = lambda a: 0.5 + 0.28209479177387814 * a.sh[:, 0]  # noqa: E731
+    assert float((dc(spz) - dc(ply)).abs().max()) < 2.0 / 255.0  # one 8-bit step and rounding
+    assert float((dc(ply) - dc(asset)).abs().max()) > 0.1  # and the edit is in both
+
+
 def test_unchanged_png_render_changes_nothing(files):
     d, asset, _ = files
     out = d / "same.ply"

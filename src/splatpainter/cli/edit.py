@@ -66,7 +66,7 @@ def edit(
     ),
     steps: int = typer.Option(500, min=0, help="Adam steps for --method optimize"),
     kind: EditKind = typer.Option("auto", help="edit-kind hint for --method model"),
-    out: Path = typer.Option(..., help="output asset (.ply or .splat)"),
+    out: Path = typer.Option(..., help="output asset (.ply, .splat or .spz)"),
     json_out: JsonFlag = False,
 ) -> None:
     """Apply one edit (one or several views at once) to an asset and write the result."""
@@ -82,8 +82,8 @@ def edit(
         raise UserError(f"--kind must be one of {', '.join(EDIT_HINTS)}, got {kind!r}")
     if method != "model" and weights is not None:
         raise UserError("--weights only applies to --method model")
-    if out.suffix.lower() not in (".ply", ".splat"):
-        raise UserError(f"--out {out}: unknown asset format; use .ply or .splat")
+    if out.suffix.lower() not in (".ply", ".splat", ".spz"):
+        raise UserError(f"--out {out}: unknown asset format; use .ply, .splat or .spz")
     # Every output path is checked before anything is written (a bad --session must not
     # leave --out written), and an existing session must be a regular file.
     check_outputs(out, session)
@@ -122,8 +122,11 @@ def edit(
     kernel_warmup()
     with status(f"applying the edit ({method})"):
         sess.apply(views)
+    notes: list[str] = []  # what an .spz's quantisation clipped
     with status(f"writing {out}"):
-        sess.export(out)
+        sess.export(out, notes)
+    for line in notes:
+        note(line)
     if session is not None:
         with status(f"saving the session {session}"):
             sess.save(session)
@@ -136,6 +139,7 @@ def edit(
         "num_gaussians": sess.asset.num_gaussians,
         "out": str(out),
         "session": None if session is None else str(session),
+        "notes": notes,
     }
     if json_out:
         print_json(result)

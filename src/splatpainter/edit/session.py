@@ -625,11 +625,15 @@ class EditSession:
         with torch.no_grad():
             return render(self.asset, camera, background=self.method.background).rgb
 
-    def export(self, path: str | os.PathLike[str]) -> None:
-        """Write the current asset (.ply or .splat, atomically)."""
+    def export(self, path: str | os.PathLike[str], notes: list[str] | None = None) -> None:
+        """Write the current asset (.ply, .splat or .spz, atomically); notes: where the .spz
+        quantisation says what it clipped."""
         from splatpainter.io import save_asset
 
-        save_asset(self.asset.detach().to("cpu"), path, **ply_extras(path, self.extras))
+        kwargs = ply_extras(path, self.extras)
+        if str(path).lower().endswith(".spz") and notes is not None:
+            kwargs["notes"] = notes
+        save_asset(self.asset.detach().to("cpu"), path, **kwargs)
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:

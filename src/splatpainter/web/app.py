@@ -42,10 +42,15 @@ from splatpainter.web.selection import (
     check_hsv,
     combine,
     delete,
-    restrict,
+    for_export,
+    hidden_mask,
+    hide,
     select_box,
     select_brush,
     select_sphere,
+    tinted,
+    unhide,
+    visible_only,
 )
 from splatpainter.web.store import (
     METHODS,
@@ -153,11 +158,18 @@ class EditorBackend:
             steps=self.config.optimize_steps, time_budget=self.config.optimize_seconds
         )
 
-    def render(self, live, view: OrbitView) -> torch.Tensor:
+    def render(self, live, view: OrbitView, highlight: bool = False) -> torch.Tensor:
+        """The view of the current asset; `highlight`: the selection tinted (see `tinted`)."""
         from splatpainter.render import render
 
         cam = orbit_camera(view, live.centre, live.radius)
         asset = live.session.asset  # one reference: an edit finishing meanwhile swaps it whole
+        sel = live.selection
+        if highlight and sel is not None:
+            cached = live.tint_cache  # (a tinted copy per asset and selection, not per frame)
+            if cached is None or cached[0] is not asset or cached[1] is not sel:
+                cached = live.tint_cache = (asset, sel, tinted(asset, sel))
+            asset = cached[2]
         with self.render_slots, torch.no_grad():
             return render(asset, cam, background=live.session.method.background).rgb
 
@@ -470,10 +482,13 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
         view: OrbitView = Depends(query_view),
         fmt: str = Query("png", pattern="^(png|jpeg)$"),
         quality: int = Query(80, ge=10, le=95),
+        highlight: bool = Query(False),
     ):
+        """A frame of the view; `highlight=true` tints the selection (a frame to look at, never
+        one to paint an edit on)."""
         live = store.get(sid)
         t0 = time.perf_counter()
-        rgb = be.render(live, view)
+        rgb = be.render(live, view, highlight)
         t1 = time.perf_counter()
         data = encode_image(rgb, fmt, quality)
         t2 = time.perf_counter()
@@ -502,8 +517,9 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
     @app.post("/api/sessions/{sid}/apply")
     async def apply_edit(sid: str, request: Request):
         """JSON: revision, view (orbit parameters), image (PNG data URL of the edited view),
-        optional mask (PNG data URL, white = edit), method, kind, label.  An edit that changes
-        no Gaussian adds no history entry (`changed` is false)."""
+        optional mask (PNG data URL, white = edit), method, kind, label, selection_only.  An
+        edit that changes no Gaussian adds no history entry (`changed` is false).  Hidden
+        Gaussians keep their bits, and with `selection_only` so do the unselected ones."""
         store.get(sid)  # 404 before reading a large body
         data = await read_json(request, APPLY_BODY_LIMIT)
         revision = take_revision(data)
@@ -547,8 +563,9 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
             if only and (live.selection is None or not bool(live.selection.any())):
                 raise WebInputError("selection_only: nothing is selected")
             s.apply(EditView(cam, image, mask, name="web"), text, method=m)
-            if only:  # the other Gaussians keep their bits
-                s.entries[s.index].asset = restrict(before, s.asset, live.selection)
+            limited = visible_only(before, s.asset, live.selection if only else None)
+            if limited is not s.asset:  # the other Gaussians keep their bits
+                s.entries[s.index].asset = limited
             return s.changed_gaussians(s.index) > 0
 
         t0 = time.perf_counter()
@@ -688,10 +705,12 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
                 cam = orbit_camera(view, live.centre, live.radius)
                 new = select_brush(means, cam, mask.reshape(view.height, view.width))
             live.selection = combine(live.selection, new, data.get("mode", "replace"))
+        store.save_selection(live)  # (atomic; it outlives a reload and a restart)
         return {"selected": int(live.selection.sum()), "num_gaussians": int(means.shape[0])}
 
     async def _selection_edit(sid: str, request: Request, what: str) -> dict[str, Any]:
-        """Delete or colour-adjust the selection: an undoable history entry."""
+        """Delete, colour-adjust or hide the selection's visible Gaussians (hidden ones are not
+        edited): an undoable history entry, none when nothing changes."""
         data = await read_json(request, 4096)
         revision = take_revision(data)
         allowed = {"hue", "saturation", "brightness"} if what == "adjust" else set()
@@ -707,7 +726,12 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
             sel = live.selection
             if sel is None or not bool(sel.any()):
                 raise WebInputError(f"{what}: nothing is selected")
+            sel = sel & ~hidden_mask(live.session.asset)
             n = int(sel.sum())
+            if what == "hide":
+                return n > 0 and live.record(hide(live.session.asset, sel), f"hide {n}", "select")
+            if n == 0:
+                raise WebInputError(f"{what}: every selected Gaussian is hidden; unhide them first")
             if what == "delete":
                 return live.record(delete(live.session.asset, sel), f"delete {n}", "select")
             h, sat, val = hsv
@@ -727,18 +751,58 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
         adjustment of the selected Gaussians only; undoable."""
         return await _selection_edit(sid, request, "adjust")
 
+    @app.post("/api/sessions/{sid}/selection/hide")
+    async def hide_selection(sid: str, request: Request):
+        """JSON {revision}: hide the selected Gaussians (they vanish from every view and no
+        edit touches them until shown again); undoable."""
+        return await _selection_edit(sid, request, "hide")
+
+    @app.post("/api/sessions/{sid}/unhide")
+    async def unhide_hidden(sid: str, request: Request):
+        """JSON {revision, selection_only (default false: every hidden Gaussian)}: show hidden
+        Gaussians again with their own opacity, bit for bit; undoable."""
+        data = await read_json(request, 4096)
+        revision = take_revision(data)
+        only = data.pop("selection_only", False)
+        if not isinstance(only, bool):
+            raise WebInputError(f"selection_only must be true or false, got {only!r}")
+        if data:
+            raise WebInputError(f"unknown field(s): {', '.join(sorted(data))}")
+
+        def run(live) -> bool:
+            s = live.session
+            if only and (live.selection is None or not bool(live.selection.any())):
+                raise WebInputError("unhide selection_only: nothing is selected")
+            hidden = hidden_mask(s.asset)
+            if only:
+                hidden &= live.selection
+            n = int(hidden.sum())
+            shown = unhide([e.asset for e in s.history], live.selection if only else None)
+            return n > 0 and live.record(shown, f"unhide {n}", "select")
+
+        return await run_in_threadpool(store.mutate, sid, "unhide", run, revision)
+
     @app.get("/api/sessions/{sid}/export")
-    def export(sid: str, format: str = Query("ply", pattern="^(ply|splat)$")):
+    def export(sid: str, format: str = Query("ply", pattern="^(ply|splat)$"), hidden: str = "keep"):
+        """The current asset as a file, every Gaussian in its place.  Hidden Gaussians are
+        written with their own opacity (`hidden=keep`, the default: hiding is a view aid and
+        an export never loses them) or as deleted (`hidden=delete`: fully transparent);
+        `X-Hidden-Gaussians` says how many there were."""
         from splatpainter.io import ply_to_bytes, splat_to_bytes
 
         live = store.get(sid)
-        asset = live.session.asset.detach().to("cpu")
+        history = [e.asset for e in live.session.history]
+        n_hidden = int(hidden_mask(history[-1]).sum())
+        asset = for_export(history, hidden).detach().to("cpu")
         data = ply_to_bytes(asset) if format == "ply" else splat_to_bytes(asset)
         stem = "".join(c for c in Path(live.name).stem if c.isalnum() or c in "-_") or "asset"
         return Response(
             data,
             media_type="application/octet-stream",
-            headers={"Content-Disposition": f'attachment; filename="{stem}-edited.{format}"'},
+            headers={
+                "Content-Disposition": f'attachment; filename="{stem}-edited.{format}"',
+                "X-Hidden-Gaussians": str(n_hidden),
+            },
         )
 
     return app

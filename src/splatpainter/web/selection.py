@@ -6,6 +6,16 @@ stays valid across edits): a box or a sphere in world coordinates, or a brush in
 a floater behind the object must be reachable).  What it is for: an edit limited to it (the
 other Gaussians keep their bits), an exact colour adjustment, and deleting floaters.  None of
 this needs the editor model; it is arithmetic on the asset.
+
+Hide is represented in the asset itself: a hidden Gaussian's opacity logit is `HIDDEN_LOGIT`
+(transparent to every renderer), and its own opacity stays in the history entries before the
+hide.  So hide and unhide are ordinary history entries: undo, redo, the session file, the
+server's frames and the page's WebGL view (a colour delta carries opacity) all handle them with
+no second record to keep aligned, and unhide takes each Gaussian's opacity back, bit for bit,
+from the last entry in which it was visible.  Hidden Gaussians are not edited (`visible_only`).
+The web export writes them with that opacity by default (hiding is a view aid; an export never
+loses a Gaussian) or, asked to, as deleted (`for_export`); the session file itself holds the
+hidden value, which every reader takes for a transparent Gaussian.
 """
 
 from __future__ import annotations
@@ -19,6 +29,9 @@ from splatpainter.web.views import WebInputError
 
 MODES = ("replace", "add", "subtract")
 DELETED_LOGIT = -30.0  # opacity ~1e-13: below the renderer's 1/255 cut, in every viewer
+HIDDEN_LOGIT = -31.0  # hidden (not deleted): also transparent, told apart from a deletion
+HIGHLIGHT = (1.0, 0.8, 0.0)  # what a selected Gaussian's colour is mixed with in a view
+HIDDEN_EXPORT = ("keep", "delete")
 
 
 def _vec3(value, what: str) -> torch.Tensor:
@@ -183,3 +196,83 @@ def adjust_hsv(asset, selected: torch.Tensor, hue: float, saturation: float, bri
         m = hsv_matrix(hue, saturation, brightness).expand(len(rows), 3, 3)
         sh[rows, 1:, :] = map_sh_bands(asset.sh[rows, 1:, :].double(), m).to(sh.dtype)
     return write_back(asset, sel, sh=sh)
+
+
+def hidden_mask(asset) -> torch.Tensor:
+    """bool [N]: the Gaussians hidden in `asset` (cpu)."""
+    return (asset.opacity_logits.detach().cpu().reshape(-1) == HIDDEN_LOGIT).clone()
+
+
+def visible_only(before, after, allowed: torch.Tensor | None = None):
+    """`after` limited to the Gaussians visible in `before` (and in `allowed`, when given):
+    the hidden ones, and the others outside `allowed`, keep their bits."""
+    keep = ~hidden_mask(before)
+    if allowed is not None:
+        keep &= allowed.cpu()
+    if bool(keep.all()):
+        return after
+    return restrict(before, after, keep)
+
+
+def hide(asset, selected: torch.Tensor):
+    """The selected Gaussians hidden (opacity logit `HIDDEN_LOGIT`; see the module doc)."""
+    from splatpainter.edit.methods import write_back
+
+    gone = torch.full_like(asset.opacity_logits, HIDDEN_LOGIT)
+    return write_back(asset, selected.to(asset.means.device), opacity_logits=gone)
+
+
+def unhide(history: list, selected: torch.Tensor | None = None):
+    """The last asset of `history` (the session's entries up to the current one, oldest
+    first) with its hidden Gaussians (those in `selected`, or all) shown again: each takes the
+    opacity logit it had in the last entry where it was not hidden (a Gaussian hidden from the
+    start keeps its value, so the result is bit-exact either way)."""
+    from splatpainter.edit.methods import write_back
+
+    asset = history[-1]
+    todo = hidden_mask(asset)
+    if selected is not None:
+        todo &= selected.cpu()
+    if not bool(todo.any()):
+        return asset
+    ops = asset.opacity_logits.detach().cpu().reshape(-1).clone()
+    wanted = todo.clone()
+    for older in reversed(history[:-1]):
+        old = older.opacity_logits.detach().cpu().reshape(-1)
+        found = todo & (old != HIDDEN_LOGIT)
+        ops[found] = old[found]
+        todo &= ~found
+        if not bool(todo.any()):
+            break
+    device = asset.opacity_logits.device
+    return write_back(asset, wanted.to(device), opacity_logits=ops.to(device))
+
+
+def for_export(history: list, hidden: str):
+    """The asset an export writes: hidden Gaussians with their own opacity (`keep`: hiding is
+    a view aid, an export never loses them) or as deleted (`delete`: fully transparent, still
+    in their place, so the file keeps the asset's order)."""
+    if hidden not in HIDDEN_EXPORT:
+        raise WebInputError(f"hidden must be one of {', '.join(HIDDEN_EXPORT)}, got {hidden!r}")
+    if hidden == "keep":
+        return unhide(history)
+    asset = history[-1]
+    from splatpainter.edit.methods import write_back
+
+    gone = torch.full_like(asset.opacity_logits, DELETED_LOGIT)
+    return write_back(asset, hidden_mask(asset).to(asset.means.device), opacity_logits=gone)
+
+
+def tinted(asset, selected: torch.Tensor):
+    """`asset` with the selected Gaussians' base colour mixed half and half with `HIGHLIGHT`
+    and their view-dependent bands halved: how a view shows the selection (never stored)."""
+    sel = selected.to(asset.sh.device)
+    if not bool(sel.any()):
+        return asset
+    sh = asset.sh.clone()
+    rows = sel.nonzero().squeeze(-1)
+    mark = torch.tensor(HIGHLIGHT, dtype=sh.dtype, device=sh.device)
+    colour = 0.5 * (0.5 + SH_C0 * sh[rows, 0, :]) + 0.5 * mark
+    sh[rows, 0, :] = (colour - 0.5) / SH_C0
+    sh[rows, 1:, :] *= 0.5
+    return asset.replace(sh=sh)

@@ -1,11 +1,12 @@
 """Sessions of the browser editor: one `EditSession` per id, autosaved to a work directory.
 
 Layout: `<workdir>/sessions/<id>/session.spsession` (the `EditSession` file, rewritten atomically
-after every change) and `meta.json` (name, creation time, the last view).  Ids are 32 random hex
-digits and are the only thing the client names; anything else is refused before it can reach
-the file system.  Live sessions are kept in memory (least recently used ones are dropped; they
-are on disk) and each has a lock, so one session runs one edit at a time while other sessions
-and renders go on.
+after every change), `meta.json` (name, creation time, the last view) and `selection.bin` (the
+3D selection, written atomically whenever it changes, so it outlives a reload and a restart).
+Ids are 32 random hex digits and are the only thing the client names; anything else is refused
+before it can reach the file system.  Live sessions are kept in memory (least recently used
+ones are dropped; they are on disk) and each has a lock, so one session runs one edit at a time
+while other sessions and renders go on.
 
 Several tabs may show one session: every change to its history bumps the session's `revision`,
 and a change requested on an older revision is refused (`Stale`, answered with 409) instead of
@@ -26,15 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from appshell.atomic import remove_stale_temps
 from splatpainter.edit import EditSession, SessionError
-from splatpainter.web.views import OrbitView, WebInputError
+from splatpainter.web.selection import hidden_mask
+from splatpainter.web.views import OrbitView, WebInputError, orbit_frame
 
 SESSION_ID = re.compile(r"[0-9a-f]{32}")
 SESSION_FILE = "session.spsession"
 META_FILE = "meta.json"
+SELECTION_FILE = "selection.bin"
+SELECTION_MAGIC = b"SPSEL1\0\0"  # then num_gaussians (uint64 LE), then the bits (np.packbits)
 METHODS = ("model", "backproject", "optimize")
 
 
@@ -84,6 +89,7 @@ class LiveSession:
     cancel: threading.Event = field(default_factory=threading.Event)
     running: Any = None  # the method of the edit that runs now (a cancel may stop it early)
     selection: torch.Tensor | None = None  # bool [N]: the Gaussians selected in 3D (not history)
+    tint_cache: Any = None  # (asset, selection, the asset with the selection tinted)
 
     def info(self) -> dict[str, Any]:
         s = self.session
@@ -111,6 +117,9 @@ class LiveSession:
             "busy": self.busy,
             "revision": self.revision,
             "selected": 0 if self.selection is None else int(self.selection.sum()),
+            "hidden": int(hidden_mask(s.asset).sum()),
+            # what the page needs to project 3D points (its box and sphere tools) into a view
+            "orbit": orbit_frame(self.centre, self.radius, s.method.background),
         }
 
     def record(self, asset, label: str, method: str) -> bool:
@@ -235,6 +244,7 @@ class SessionStore:
             float(radius),
             revision=int(_number(meta.get("revision"), 0)),
         )
+        live.selection = self._read_selection(d, base.num_gaussians)
         return self._remember(live)
 
     def _remember(self, live: LiveSession) -> LiveSession:
@@ -255,6 +265,34 @@ class SessionStore:
         except (OSError, ValueError):
             return {}
         return meta if isinstance(meta, dict) else {}
+
+    @staticmethod
+    def _read_selection(d: Path, n: int) -> torch.Tensor | None:
+        """The saved selection, or None (none saved, or a file that does not fit this asset)."""
+        try:
+            data = (d / SELECTION_FILE).read_bytes()
+        except OSError:
+            return None
+        head = len(SELECTION_MAGIC) + 8
+        if len(data) != head + (n + 7) // 8 or not data.startswith(SELECTION_MAGIC):
+            return None
+        if int.from_bytes(data[len(SELECTION_MAGIC) : head], "little") != n:
+            return None
+        bits = np.unpackbits(np.frombuffer(data, np.uint8, offset=head), count=n)
+        return torch.from_numpy(bits.astype(bool))
+
+    def save_selection(self, live: LiveSession) -> None:
+        """Write the session's selection atomically (none: the file is removed)."""
+        from splatpainter.io import atomic_write_bytes
+
+        path = self._dir(live.sid) / SELECTION_FILE
+        sel = live.selection
+        if sel is None or not bool(sel.any()):
+            path.unlink(missing_ok=True)
+            return
+        bits = np.packbits(sel.cpu().numpy().astype(np.uint8))
+        n = int(sel.numel()).to_bytes(8, "little")
+        atomic_write_bytes(path, SELECTION_MAGIC + n + bits.tobytes())
 
     def save(self, live: LiveSession, *, meta_only: bool = False) -> None:
         """Autosave (atomic writes): the session file after a change, the meta always."""

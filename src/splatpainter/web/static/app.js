@@ -10,6 +10,7 @@
 const $ = (id) => document.getElementById(id);
 const SIZE = 512;
 const IDLE_MS = 140;
+const SHAPE_IDS = ["shape-cx", "shape-cy", "shape-cz", "shape-sx", "shape-sy", "shape-sz"];
 
 const sp = {
   sid: null, info: null, cfg: null,
@@ -25,6 +26,10 @@ const sp = {
   glWhy: null,        // why there is no WebGL viewport
   glEpoch: -1,        // the epoch the viewport's asset shows
   glSyncing: false,
+  selected: 0,        // how many Gaussians the server's selection holds
+  selection: null,    // their indices (Uint32Array), for the highlight
+  selSeq: 0,          // bumps when the selection shown changes
+  lit: null,          // the last full server frame with the selection tinted: {view, epoch, seq}
 };
 window.sp = sp; // for tests and for poking at it from the console
 
@@ -166,13 +171,16 @@ const hasEdits = () => sp.hasPaint || !!sp.edited || hsvActive();
 const locked = () => hasEdits() || sp.hasMask;
 
 const baseCurrent = () => !!sp.base && sp.baseEpoch === sp.epoch && sameView(sp.baseView, sp.view);
+// server frames: the full frame shown, with the selection tinted, is of this view and state
+const litCurrent = () => !!sp.lit && sp.lit.epoch === sp.epoch && sameView(sp.lit.view, sp.view)
+  && sp.lit.seq === sp.selSeq && highlightFrames();
 
 // Ready: the view shows the session's current state, and an edit in progress has the server's
 // frame of this view to be composed on.
 function markReady() {
   const shown = sp.gl
     ? sp.gl.settled && sp.glEpoch === sp.epoch && !sp.glSyncing && (!locked() || baseCurrent())
-    : baseCurrent();
+    : baseCurrent() || (!locked() && litCurrent());
   const ready = shown && inflight === 0 && !pending && !sp.applying && !sp.remoteBusy;
   document.body.dataset.ready = ready ? "1" : "0";
   document.body.dataset.entry = sp.info ? String(sp.info.index) : "";
@@ -189,7 +197,7 @@ let fpsWindow = [];
 
 function requestFrame(full) {
   if (sp.gl) { glFrame(); return; }
-  pending = { full: full || (pending && pending.full) };
+  pending = { full: full || (pending && pending.full), plain: !!(pending && pending.plain) };
   if (!full) {
     clearTimeout(idleTimer);
     idleTimer = setTimeout(() => requestFrame(true), IDLE_MS);
@@ -200,7 +208,7 @@ function requestFrame(full) {
 async function pump() {
   if (!pending || !sp.sid) { markReady(); return; }
   if (inflight >= MAX_INFLIGHT) return;
-  const { full } = pending;
+  const { full, plain } = pending;
   pending = null;
   inflight += 1;
   const mySeq = ++seq;
@@ -208,6 +216,9 @@ async function pump() {
   const v = { ...sp.view }, epoch = sp.epoch, sid = sp.sid;
   const q = viewQuery(v, SIZE, SIZE);
   q.set("fmt", full ? "png" : "jpeg");
+  // a frame that shows the selection tinted is one to look at, never one to paint an edit on
+  const tinted = !plain && highlightFrames(), selSeq = sp.selSeq;
+  if (tinted) q.set("highlight", "true");
   try {
     const r = await fetch(`/api/sessions/${sid}/render?${q}`);
     if (!r.ok) throw new Error(`${r.status}: ${(await r.json()).detail}`);
@@ -224,7 +235,10 @@ async function pump() {
       fpsWindow = fpsWindow.filter((t) => now - t < 1000).concat([now]);
       sp.fps = fpsWindow.length > 1 ? (1000 * (fpsWindow.length - 1)) / (now - fpsWindow[0]) : 0;
     }
-    if (full) {
+    if (full && tinted) {
+      if (epoch === sp.epoch && sameView(v, sp.view)) sp.lit = { view: v, epoch, seq: selSeq };
+      if (baseWaiters.length) pending = { full: true, plain: true };
+    } else if (full) {
       if (epoch === sp.epoch && sameView(v, sp.view)) {
         sp.base = bmp; sp.baseBlob = blob; sp.baseView = v; sp.baseEpoch = epoch;
         sp.fullFrames += 1;
@@ -232,7 +246,8 @@ async function pump() {
         scheduleViewSave(true);
         for (const done of baseWaiters.splice(0)) done(true);
       } else {
-        pending = { full: true }; // stale: the view or the asset changed meanwhile
+        // stale: the view or the asset changed meanwhile
+        pending = { full: true, plain: baseWaiters.length > 0 };
       }
     }
     redraw();
@@ -276,6 +291,7 @@ document.addEventListener("visibilitychange", () => { if (document.hidden) putVi
 // change (a colour delta) and, when an edit starts, for its own frame of the view.
 function glFrame() {
   sp.gl.setView(sp.view);
+  if (shapeShown()) redraw(); // the box or sphere drawn over the view follows it
   scheduleViewSave(false);
   if (sp.glEpoch !== sp.epoch) glSync();
   markReady();
@@ -325,7 +341,7 @@ function ensureBase() {
   if (baseCurrent()) return Promise.resolve(true);
   return new Promise((resolve) => {
     baseWaiters.push(resolve);
-    if (!pending) pending = { full: true };
+    pending = { full: true, plain: true };
     pump();
   });
 }
@@ -418,6 +434,7 @@ function redraw() {
     ctx.drawImage(tint, 0, 0);
     ctx.globalAlpha = 1;
   }
+  if (shapeShown()) drawShape(ctx);
 }
 
 function stamp(c, x, y, b, color) {
@@ -583,6 +600,7 @@ screen.addEventListener("pointerdown", (e) => {
       }
       startEditing();
     } else if (!baseCurrent()) {
+      ensureBase().then(() => { redraw(); markReady(); }); // (a tinted frame is not one)
       status("wait for the view to finish rendering before painting", true);
       return;
     }
@@ -641,8 +659,10 @@ function showInfo(info) {
   if (typeof info.selected === "number") showSelected(info.selected);
   $("undo").disabled = !info.can_undo;
   $("redo").disabled = !info.can_redo;
-  $("export-ply").href = `/api/sessions/${info.id}/export?format=ply`;
-  $("export-splat").href = `/api/sessions/${info.id}/export?format=splat`;
+  showExportLinks();
+  const hidden = info.hidden || 0;
+  $("hidden-count").textContent = `${hidden} hidden`;
+  $("unhide-all").disabled = !hidden;
   const list = $("history");
   list.replaceChildren();
   for (const e of info.history) {
@@ -678,6 +698,9 @@ function setSession(info) {
   if (resume) scheduleViewSave();
   sp.draftBusyRevision = info.busy && resume ? info.revision : null;
   restoreDraft(draft, info);
+  sp.selection = null;
+  if (sp.gl) sp.gl.setSelection(null);
+  refreshSelection(); // kept by the server: a reload or a restart shows it again
   refreshSessions();
 }
 
@@ -822,7 +845,7 @@ for (const id of SETTINGS) for (const ev of ["input", "change"]) $(id).addEventL
 $("hsv-scope").addEventListener("change", redraw);
 $("mask-layer").addEventListener("change", redraw);
 for (const r of document.querySelectorAll("input[name=tool]")) {
-  r.addEventListener("change", () => { showTool(); saveSettings(); });
+  r.addEventListener("change", () => { showTool(); saveSettings(); if (!sp.gl) requestFrame(true); });
 }
 $("clear-paint").addEventListener("click", () => { clearEdits(); showStatusLine(); markReady(); });
 $("apply").addEventListener("click", applyEdit);
@@ -842,6 +865,15 @@ $("select-invert").addEventListener("click", () => selectionRequest({ op: "inver
 $("select-none").addEventListener("click", () => selectionRequest({ op: "none" }));
 $("adjust-selection").addEventListener("click", () => selectionEdit("adjust"));
 $("delete-selection").addEventListener("click", () => selectionEdit("delete"));
+$("hide-selection").addEventListener("click", () => selectionEdit("hide"));
+$("unhide-all").addEventListener("click", () => selectionEdit("unhide"));
+$("select-shape").addEventListener("click", selectShape);
+$("shape-fit").addEventListener("click", fitShape);
+$("shape-kind").addEventListener("change", () => { showShapeKind(); redraw(); });
+for (const id of [...SHAPE_IDS, "shape-show"]) $(id).addEventListener("input", redraw);
+$("show-selection").addEventListener("change", showHighlight);
+$("export-hidden").addEventListener("change", showExportLinks);
+showShapeKind();
 
 // ------------------------------------------------------------------ 3D selection
 // The server keeps the session's selection (Gaussians, not pixels): the mask layer painted
@@ -852,6 +884,7 @@ function showSelected(n) {
   $("selected-count").textContent = `${n} selected`;
   $("delete-selection").disabled = !n;
   $("adjust-selection").disabled = !n;
+  $("hide-selection").disabled = !n;
 }
 
 async function selectionRequest(body) {
@@ -860,7 +893,7 @@ async function selectionRequest(body) {
     const r = await api(`/api/sessions/${sid}/selection`, {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
     });
-    if (sid === sp.sid) showSelected(r.selected);
+    if (sid === sp.sid) { showSelected(r.selected); refreshSelection(); }
     return sid === sp.sid;
   } catch (e) {
     status(`selection failed: ${e.message}`, true);
@@ -893,19 +926,163 @@ async function selectionEdit(what) {
   const body = what === "adjust"
     ? { hue: +$("hsv-h").value, saturation: +$("hsv-s").value, brightness: +$("hsv-v").value } : {};
   try {
-    const info = await change(sid, `selection/${what}`, body);
+    const info = await change(sid, what === "unhide" ? "unhide" : `selection/${what}`, body);
     if (sid !== sp.sid) return;
     clearEdits();
     showInfo(info);
-    status(info.changed ? `${what === "delete" ? "deleted" : "adjusted"} ${info.selected} selected Gaussians`
+    status(info.changed ? `${info.history[info.index].label}: done`
       : "that changed no Gaussian; nothing was added to the history");
   } catch (e) {
     if (sid !== sp.sid) return;
     await refused(sid, e);
   }
 }
+
+// The selection tinted in the view: the WebGL viewport tints its colour texture; server frames
+// are asked for with the highlight while orbiting (frames to look at: the painting tools get
+// the plain frame, the one an edit is composed on).
+const highlightFrames = () => !sp.gl && $("show-selection").checked && sp.selected > 0
+  && !locked() && tool() === "orbit";
+
+async function refreshSelection() {
+  const sid = sp.sid;
+  try {
+    const r = await api(`/api/sessions/${sid}/selection`);
+    if (sid !== sp.sid) return;
+    sp.selection = Uint32Array.from(r.indices);
+    showSelected(r.selected);
+    showHighlight();
+  } catch (e) {
+    status(`could not read the selection: ${e.message}`, true);
+  }
+}
+
+function showHighlight() {
+  sp.selSeq += 1; // (a tinted server frame shows the selection of its request)
+  if (sp.gl) sp.gl.setSelection($("show-selection").checked ? sp.selection : null);
+  else requestFrame(true);
+}
+
+function showExportLinks() {
+  if (!sp.info) return;
+  const hidden = $("export-hidden").value;
+  for (const f of ["ply", "splat"]) {
+    $(`export-${f}`).href = `/api/sessions/${sp.info.id}/export?format=${f}&hidden=${hidden}`;
+  }
+}
+
+// ------------------------------------------------------------------ box and sphere selection
+// Typed in world coordinates (Fit puts the shape where the view looks) and drawn over the view
+// by projecting it with the view's own camera (views.orbit_camera, as viewport.js computes it).
+function showShapeKind() {
+  const box = $("shape-kind").value === "box";
+  for (const el of document.querySelectorAll(".box-only")) el.hidden = !box;
+  $("shape-size-label").textContent = box ? "Half size" : "Radius";
+  $("select-shape").textContent = box ? "Select in box" : "Select in sphere";
+}
+
+// {kind, centre, half|radius}, or a string saying what is missing or wrong
+function shapeSpec() {
+  const kind = $("shape-kind").value;
+  const ids = kind === "box" ? SHAPE_IDS : SHAPE_IDS.slice(0, 4);
+  const v = ids.map((id) => $(id).value.trim());
+  if (v.some((x) => x === "")) return `fill in the ${kind}'s centre and ${kind === "box" ? "half size" : "radius"} (or press Fit to view)`;
+  const n = v.map(Number);
+  if (!n.every(Number.isFinite)) return `the ${kind}'s fields must be numbers`;
+  if (n.slice(3).some((x) => x < 0)) return `the ${kind}'s size must not be negative`;
+  return kind === "box" ? { kind, centre: n.slice(0, 3), half: n.slice(3) }
+    : { kind, centre: n.slice(0, 3), radius: n[3] };
+}
+
+const shapeShown = () => $("shape-show").checked && !!sp.info && !!sp.info.orbit && typeof shapeSpec() === "object";
+
+function shapeBody(s) {
+  if (s.kind === "sphere") return { sphere: { centre: s.centre, radius: s.radius } };
+  return { box: { min: s.centre.map((c, i) => c - s.half[i]), max: s.centre.map((c, i) => c + s.half[i]) } };
+}
+
+async function selectShape() {
+  const s = shapeSpec();
+  if (typeof s === "string") { status(s, true); return; }
+  if (await selectionRequest({ ...shapeBody(s), mode: $("sel-mode").value })) {
+    status(`${sp.selected} selected`);
+  }
+}
+
+// The view's camera: eye, and the right/down/forward axes (OpenCV, as camera.look_at).
+function viewAxes() {
+  const o = sp.info.orbit, v = sp.view;
+  const fovY = (o.fov_y_deg * Math.PI) / 180;
+  const f = SIZE / (2 * Math.tan(fovY / 2));
+  const dist = ((o.margin * Math.max(o.radius, 1e-6)) / Math.sin(fovY / 2)) * v.zoom;
+  const az = (v.az * Math.PI) / 180, el = (v.el * Math.PI) / 180;
+  const d = [Math.cos(el) * Math.cos(az), Math.cos(el) * Math.sin(az), Math.sin(el)];
+  const h = Math.hypot(d[0], d[1]);
+  const right = [-d[1] / h, d[0] / h, 0]; // up x d, normalised
+  const camUp = [d[1] * right[2] - d[2] * right[1], d[2] * right[0] - d[0] * right[2], d[0] * right[1] - d[1] * right[0]];
+  const target = [0, 1, 2].map((i) => o.centre[i] + o.radius * (v.pan_x * right[i] + v.pan_y * camUp[i]));
+  const eye = target.map((t, i) => t + dist * d[i]);
+  const fwd = d.map((x) => -x);
+  const down = camUp.map((x) => -x);
+  return { eye, target, right, down, fwd, f };
+}
+
+function fitShape() {
+  if (!sp.info || !sp.info.orbit) return;
+  const { target } = viewAxes();
+  const size = sp.info.orbit.radius * 0.25 * Math.min(1, sp.view.zoom);
+  const values = [...target, size, size, size];
+  SHAPE_IDS.forEach((id, i) => { $(id).value = String(Number(values[i].toPrecision(3))); });
+  redraw();
+}
+
+function drawShape(c) {
+  const s = shapeSpec();
+  const { eye, right, down, fwd, f } = viewAxes();
+  const project = (p) => {
+    const q = [p[0] - eye[0], p[1] - eye[1], p[2] - eye[2]];
+    const z = q[0] * fwd[0] + q[1] * fwd[1] + q[2] * fwd[2];
+    if (z <= 1e-6) return null;
+    const x = q[0] * right[0] + q[1] * right[1] + q[2] * right[2];
+    const y = q[0] * down[0] + q[1] * down[1] + q[2] * down[2];
+    return [SIZE / 2 + (f * x) / z, SIZE / 2 + (f * y) / z];
+  };
+  const lines = [];
+  if (s.kind === "box") {
+    const corner = (k) => s.centre.map((ci, i) => ci + ((k >> i) & 1 ? 1 : -1) * s.half[i]);
+    for (let k = 0; k < 8; k += 1) {
+      for (let i = 0; i < 3; i += 1) if (!((k >> i) & 1)) lines.push([corner(k), corner(k | (1 << i))]);
+    }
+  } else {
+    const n = 48;
+    for (const [a, b] of [[0, 1], [0, 2], [1, 2]]) {
+      for (let k = 0; k < n; k += 1) {
+        const seg = [k, k + 1].map((j) => {
+          const t = (2 * Math.PI * j) / n, p = [...s.centre];
+          p[a] += s.radius * Math.cos(t); p[b] += s.radius * Math.sin(t);
+          return p;
+        });
+        lines.push(seg);
+      }
+    }
+  }
+  c.save();
+  c.strokeStyle = "#ffcc00";
+  c.lineWidth = 1.5;
+  c.beginPath();
+  for (const [p, q] of lines) {
+    const a = project(p), b = project(q);
+    if (!a || !b) continue;
+    c.moveTo(a[0], a[1]);
+    c.lineTo(b[0], b[1]);
+  }
+  c.stroke();
+  c.restore();
+}
+
 document.addEventListener("keydown", (e) => {
   if (!(e.ctrlKey || e.metaKey)) return;
+  if (e.target.matches && e.target.matches("input[type=number]")) return; // (its own undo)
   const key = e.key.toLowerCase(); // with Shift held, e.key is "Z"
   if (key === "z") { e.preventDefault(); historyAction(e.shiftKey ? "redo" : "undo"); }
   if (key === "y") { e.preventDefault(); historyAction("redo"); }

@@ -18,6 +18,8 @@
 // The camera is the server's `orbit_camera` (views.py) computed here from the same orbit
 // parameters, bounding sphere, field of view and margin, which asset.ply's X-Orbit header gives.
 const SH_C0 = 0.28209479177387814;
+// A selected Gaussian's colour is mixed half and half with this (selection.tinted, server side).
+const HIGHLIGHT = [1.0, 0.8, 0.0];
 
 export function webgl2Missing() {
   try {
@@ -73,6 +75,9 @@ export class Viewport {
     this.framesSince = 0;
     this.loads = 0;          // full asset loads (a delta after an edit must not need one)
     this.deltas = 0;         // colour deltas applied
+    this.selection = null;   // indices of the selected Gaussians, tinted in the colour texture
+    this.selMask = null;     // Uint8Array [numSplats]: which are tinted now
+    this.highlighted = 0;    // how many are tinted now
     this.onSettled = null;
 
     const app = new pc.Application(canvas, {
@@ -150,6 +155,9 @@ export class Viewport {
     const bg = orbit.background;
     this.camera.camera.clearColor = new pc.Color(bg[0], bg[1], bg[2], 1);
     Object.assign(this, { sid, token, orbit, entity: e, asset });
+    this.selMask = null; // the new texture holds the true colours
+    this.highlighted = 0;
+    this.paintSelection();
     this.loads += 1;
     if (this.view) this.setView(this.view, true);
     this.changed(true);
@@ -189,7 +197,6 @@ export class Viewport {
     for (let j = 0; j < 3 * (k - 1); j += 1) rest.push(data.getProp(`f_rest_${j}`));
     const texture = resource.getTexture("splatColor");
     const texels = texture.lock();
-    const half = pc.FloatPacking.float2Half;
     for (let m = 0; m < count; m += 1) {
       const i = idx[m], base = m * k * 3;
       for (let c = 0; c < 3; c += 1) dc[c][i] = sh[base + c];
@@ -201,12 +208,52 @@ export class Viewport {
           if (p) p[i] = sh[base + b * 3 + c];
         }
       }
-      for (let c = 0; c < 3; c += 1) texels[i * 4 + c] = half(sh[base + c] * SH_C0 + 0.5);
-      texels[i * 4 + 3] = half(1 / (1 + Math.exp(-op[m])));
+      this.writeTexel(texels, i, dc, opacity);
     }
     texture.unlock();
     if (k > 1 && resource.shBands > 0) resource.updateSHData(data);
     this.entity.gsplat.workBufferUpdate = pc.WORKBUFFER_UPDATE_ONCE;
+    this.changed(false);
+  }
+
+  // One Gaussian's texel from its data: base colour (tinted when selected) and opacity.
+  writeTexel(texels, i, dc, opacity) {
+    const half = this.pc.FloatPacking.float2Half;
+    const tint = this.selMask !== null && this.selMask[i] === 1;
+    for (let c = 0; c < 3; c += 1) {
+      const colour = dc[c][i] * SH_C0 + 0.5;
+      texels[i * 4 + c] = half(tint ? 0.5 * colour + 0.5 * HIGHLIGHT[c] : colour);
+    }
+    texels[i * 4 + 3] = half(1 / (1 + Math.exp(-opacity[i])));
+  }
+
+  // Show the selection (indices; null or empty: none) tinted. Only the colour texture changes:
+  // the data keeps the true colours, so a delta stays exact and clearing restores them.
+  setSelection(indices) {
+    this.selection = indices && indices.length ? indices : null;
+    this.paintSelection();
+  }
+
+  paintSelection() {
+    if (!this.asset) return;
+    const resource = this.asset.resource;
+    const data = resource.gsplatData;
+    const n = data.numSplats;
+    const want = new Uint8Array(n);
+    if (this.selection) for (const i of this.selection) if (i < n) want[i] = 1;
+    const had = this.selMask || new Uint8Array(n);
+    const flip = [];
+    for (let i = 0; i < n; i += 1) if (want[i] !== had[i]) flip.push(i);
+    this.selMask = want;
+    this.highlighted = want.reduce((a, b) => a + b, 0);
+    if (!flip.length) return;
+    const dc = [0, 1, 2].map((c) => data.getProp(`f_dc_${c}`));
+    const opacity = data.getProp("opacity");
+    const texture = resource.getTexture("splatColor");
+    const texels = texture.lock();
+    for (const i of flip) this.writeTexel(texels, i, dc, opacity);
+    texture.unlock();
+    this.entity.gsplat.workBufferUpdate = this.pc.WORKBUFFER_UPDATE_ONCE;
     this.changed(false);
   }
 
