@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+# Intel MKL (torch's CPU BLAS) picks a code path by memory alignment unless told otherwise, so
+# two runs of one training config parted after a few steps (by 1e-7); "AUTO" keeps its fastest
+# path for this CPU, repeatably.  Read when MKL first runs, so set before any torch maths.
+os.environ.setdefault("MKL_CBWR", "AUTO")
 
 # Core types, imported on first use so `import splatpainter` (and `--help`) stays light.
 _LAZY = {

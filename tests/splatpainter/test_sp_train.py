@@ -165,6 +165,23 @@ def test_training_repeats_bit_for_bit_by_default(tmp_path):
 
 
 @pytest.mark.slow
+def test_training_with_the_propagation_repeats_bit_for_bit(tmp_path):
+    """The same with the learned walk over the k-NN graph, on distractor and capture scenes:
+    the walk's gather backward and MKL's alignment-dependent paths parted two 50-step runs of
+    the editor's propagate phase at step 5-8 before `repeatable` and MKL_CBWR."""
+
+    def run(out):
+        cfg = _tiny(tmp_path, steps=12, checkpoint_every=1000)
+        cfg.model.stage2.propagate = True
+        cfg.data.suites = ("distractor", "capture")
+        cfg.data.num_sequences = 2
+        train(cfg, out)
+        return [json.loads(x)["loss"] for x in (out / LOG).read_text().splitlines()]
+
+    assert run(tmp_path / "a") == run(tmp_path / "b")
+
+
+@pytest.mark.slow
 def test_train_cli_writes_weights_that_load(tmp_path):
     out = tmp_path / "run"
     r = CliRunner().invoke(

@@ -265,7 +265,7 @@ def train(
     (what the phases before it produced, trained elsewhere); the earlier phases are skipped and
     their steps still counted.
     """
-    with one_render_thread():
+    with repeatable():
         return _train(
             cfg, out_dir, resume=resume, stop_after=stop_after, on_cache=on_cache,
             on_step=on_step, on_phase=on_phase, from_phase=from_phase, init=init,
@@ -273,19 +273,28 @@ def train(
 
 
 @contextlib.contextmanager
-def one_render_thread():
-    """Render on one numba thread for the duration: the renderer's multi-threaded passes do not
-    sum in the same order from run to run (two 30-step runs of configs/splatpainter/tiny.toml
-    parted at step 16 on two threads, and never on one), and a training run must repeat bit for
-    bit.  torch keeps `optim.threads`."""
+def repeatable():
+    """Make a training run repeat bit for bit, for its duration:
+
+    - render on one numba thread: the renderer's multi-threaded passes do not sum in the same
+      order from run to run (two 30-step runs of configs/splatpainter/tiny.toml parted at step
+      16 on two threads, and never on one);
+    - torch's deterministic algorithms: the backward of the walk's neighbour gather
+      (`z[nbr]`, an accumulating index_put_) sums in thread order on CPU (two 50-step runs of
+      the editor's propagate phase parted at step 8 on two threads).
+
+    torch keeps `optim.threads`."""
     import numba
 
     before = numba.get_num_threads()
+    det_before = torch.are_deterministic_algorithms_enabled()
     numba.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
     try:
         yield
     finally:
         numba.set_num_threads(before)
+        torch.use_deterministic_algorithms(det_before)
 
 
 def _train(
