@@ -17,7 +17,14 @@ chair tiled 27 times), and the figures are those of opening and editing it: Stag
 by a new editor (a reopened session), per-edit seconds of `ModelMethod.apply` (the restricted
 path of a local kind: model/restricted.py) with the time of each stage, one 512x512 render of
 the asset for the ratio the issue sets (apply <= 3x render), the resident memory a session
-keeps per edit (over 4 edits), and the process's peak RSS.
+keeps per edit (over 4 edits, and per edit after the first, which adds the session's current
+asset; earlier entries keep only the rows they changed: edit/session.py; and the bytes the
+history holds, which resident memory shows only roughly), the process's peak
+RSS, and the CPU seconds of opening (on a shared machine the wall clock includes other load).
+A non-local kind (recolor, relight) reuses the asset's edge affinities between edits on the
+same asset (model/propagate.py `AffinityCache`): edit_s is such a repeated edit, edit_s_cold
+the first edit on an asset (every affinity computed), as each edit of a session of recolours
+is.
 Baselines and the full (unrestricted) network are not run there: the full walk alone would
 need several GB at 1M.
 
@@ -60,6 +67,23 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def history_mb(session, base) -> float:
+    """MB a session's history holds beyond the loaded asset `base`: the tensors of the assets
+    its entries keep (shared ones once) and the changed rows the others keep (edit/session.py).
+    Resident memory measures this only roughly: the allocator keeps freed blocks."""
+    seen = {t.untyped_storage().data_ptr() for t in base.tensors().values()}
+    total = 0
+    for e in session.entries:
+        if e._asset is not None:
+            for t in e._asset.tensors().values():
+                if t.untyped_storage().data_ptr() not in seen:
+                    seen.add(t.untyped_storage().data_ptr())
+                    total += t.untyped_storage().nbytes()
+        elif e._delta is not None:
+            total += sum(sum(x.nbytes for x in r) for r in e._delta.rows.values())
+    return total / 2**20
+
+
 def tiled_demo(gaussians: int, tiles: int):
     """(surface normals [N, 3], the asset): `tiles` copies of the demo asset with
     gaussians / tiles Gaussians each on a cubic lattice, 10% apart."""
@@ -90,23 +114,21 @@ def at_scale(args, asset, view, tiles: int) -> None:
     """Open (cold, then from the disk cache) and edit a large asset; print the figures."""
     import tempfile
 
-    import torch
-
     from splatpainter.camera import orbit_cameras
     from splatpainter.edit import ModelMethod
     from splatpainter.edit.methods import apply_color_delta, build_edit_sample
     from splatpainter.model.editor import load_editor
     from splatpainter.model.latent_cache import LatentCache, default_max_bytes
-    from splatpainter.model.restricted import can_restrict, local_forward
+    from splatpainter.model.restricted import can_restrict, chunked_forward, local_forward
     from splatpainter.render import render
 
     with tempfile.TemporaryDirectory() as tmp:
         cache = LatentCache(args.cache_dir or tmp, default_max_bytes() or 4 << 30)
         model = load_editor(args.weights)
         model.latent_cache = cache
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         state = ModelMethod(model, kind=args.kind).initial_state(asset)
-        t_open = time.perf_counter() - t0
+        t_open, c_open = time.perf_counter() - t0, time.process_time() - c0
         parts = dict(model.open_timings)
         # a new session on the same asset: a new editor, the same disk cache
         model = load_editor(args.weights)
@@ -133,12 +155,11 @@ def at_scale(args, asset, view, tiles: int) -> None:
         local, _ = local_forward(model.stage2, sample, state["fast"], timings=stages)
         rows, rgb, rest = local.rows, local.rgb, local.rest_map
         subgraph = local.subgraph_size
-    else:
+    else:  # as ModelMethod.apply: the head in chunks of Gaussians at this scale
         t0 = time.perf_counter()
-        with torch.no_grad():
-            deltas, _ = model.stage2([sample], state["fast"])
-        stages["stage2_full"] = time.perf_counter() - t0
-        rgb, rest, subgraph = deltas[0]["rgb"], deltas[0]["rest_map"], asset.num_gaussians
+        delta, _ = chunked_forward(model.stage2, sample, state["fast"], timings=stages)
+        stages["stage2_all_gaussians"] = time.perf_counter() - t0
+        rgb, rest, subgraph = delta["rgb"], delta["rest_map"], asset.num_gaussians
     t0 = time.perf_counter()
     new = apply_color_delta(asset, rgb, rest, rows=rows)
     stages["write_back"] = time.perf_counter() - t0
@@ -148,15 +169,34 @@ def at_scale(args, asset, view, tiles: int) -> None:
     edit_times = _times_s(lambda: method.apply(asset, [view], state), args.repeats)
     cpu_edit = (time.process_time() - cpu0) / (args.repeats + 1)
     t_edit = statistics.median(edit_times)
+    # A non-local edit reuses the asset's edge affinities from the edit before (the same asset
+    # here); the first edit on an asset, or one after an edit that changed every colour (a
+    # session of recolours), computes them: "cold", with the affinity cache emptied first.
+    cold = {}
+    aff_cache = getattr(model.stage2.propagation, "affinity_cache", None)
+    if rows is None and aff_cache is not None:
+
+        def apply_cold() -> None:
+            aff_cache.clear()
+            method.apply(asset, [view], state)
+
+        cold_times = _times_s(apply_cold, args.repeats)
+        cold = {"edit_s_cold": round(statistics.median(cold_times), 3)}
+        method.apply(asset, [view], state)  # the cache as a session would leave it
 
     # what a session's history holds per edit (the asset's new SH tensor, the fast weights)
     from splatpainter.edit import EditSession
 
     session = EditSession(asset, method)
     rss0 = _rss_mb()
-    for _ in range(SESSION_EDITS):
+    session.apply([view])
+    rss1, held1 = _rss_mb(), history_mb(session, asset)  # the current asset's new SH appears
+    for _ in range(SESSION_EDITS - 1):
         session.apply([view])
     per_edit_mb = (_rss_mb() - rss0) / SESSION_EDITS
+    later_mb = (_rss_mb() - rss1) / (SESSION_EDITS - 1)  # what each further edit keeps
+    held_mb = history_mb(session, asset)
+    later_held_mb = (held_mb - held1) / (SESSION_EDITS - 1)
     del session
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     result = {
@@ -166,12 +206,14 @@ def at_scale(args, asset, view, tiles: int) -> None:
         "kind": args.kind,
         "threads": args.threads,
         "open_first_s": round(t_open, 2),
+        "open_first_cpu_s": round(c_open, 2),
         **{f"open_{k}_s": round(v, 2) for k, v in parts.items()},
         "open_cached_s": round(t_cached, 2),
         "latent_cache_entry_mb": round(entry_mb, 1),
         "edit_s": round(t_edit, 3),
         "edit_s_best": round(min(edit_times), 3),
         "edit_cpu_s": round(cpu_edit, 3),
+        **cold,
         **{f"edit_{k}_s": round(v, 3) for k, v in stages.items()},
         "gaussians_touched": 0 if rows is None else int(rows.numel()),
         "gaussians_changed": changed,
@@ -179,6 +221,9 @@ def at_scale(args, asset, view, tiles: int) -> None:
         "render_512_s": round(t_render, 3),
         "edit_over_render_512": round(t_edit / t_render, 2),
         f"session_rss_mb_per_edit_over_{SESSION_EDITS}": round(per_edit_mb, 1),
+        "session_rss_mb_per_further_edit": round(later_mb, 1),
+        f"session_history_mb_after_{SESSION_EDITS}": round(held_mb, 2),
+        "session_history_mb_per_further_edit": round(later_held_mb, 3),
         "peak_rss_mb": round(peak_mb, 1),
     }
     if args.json:

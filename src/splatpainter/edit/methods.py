@@ -18,7 +18,8 @@ import torch
 from splatpainter.assets.gaussians import SH_C0, map_sh_bands, sh_dc_to_rgb
 from splatpainter.edit.signals import gather_signals
 from splatpainter.edit.views import EditView
-from splatpainter.model.restricted import can_restrict, local_forward
+from splatpainter.model import restricted
+from splatpainter.model.restricted import can_restrict, chunked_forward, local_forward
 from splatpainter.model.stage1 import Stage1Latent
 from splatpainter.model.stage2 import EDIT_HINTS, EditSample, SignalSettings, hint_maps
 from splatpainter.model.ttt import FastWeights
@@ -235,6 +236,11 @@ class ModelMethod(EditMethod):
             # the graph they depend on (model/restricted.py; the same numbers as the full pass).
             local, fast = local_forward(self.model.stage2, sample, state["fast"])
             out = apply_color_delta(asset, local.rgb, local.rest_map, rows=local.rows)
+        elif asset.num_gaussians > restricted.HEAD_ROWS:
+            # At capture scale the head runs in chunks of Gaussians (its inputs took 1.9 GB
+            # at once at 1M); the same numbers as the full pass.
+            delta, fast = chunked_forward(self.model.stage2, sample, state["fast"])
+            out = apply_color_delta(asset, delta["rgb"], delta["rest_map"])
         else:
             deltas, fast = self.model.stage2([sample], state["fast"])
             out = apply_color_delta(asset, deltas[0]["rgb"], deltas[0]["rest_map"])

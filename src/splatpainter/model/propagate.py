@@ -19,10 +19,18 @@ with restart on the asset's k-nearest-neighbour graph, at two levels:
 A Gaussian the walk never reaches (an identical twin across a gap, a part behind a fence of low
 affinities) ends with z = 0: it is the graph, not colour, that carries the edit there.  The
 graph (`SplatGraph`) is plain data built once per asset (`build_graph`).
+
+The edge affinities depend on the asset (its graph, Stage I features, normals and current
+colours) and the weights, not on the edit.  At capture scale they are most of a non-local
+edit's network time, so inference keeps those of the last large asset (`AffinityCache`) and
+the next edit recomputes only the chunks of edges where something they read has changed.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +44,11 @@ NODE_ATTRS = 5  # see node_attributes
 GEO_DIM = 5  # distance / spacing, |n_i.n_j|, n_i.n_j, offset along n_i / distance, colour diff
 AFFINITY_ROWS = 1 << 16  # edge rows per chunk of the edge MLP (see Propagation._affinity)
 WALK_EPS = 1e-2  # a Gaussian whose neighbours all have affinity ~0 keeps (almost) nothing
+# Graphs of at least this many Gaussians keep their affinities between edits (smaller ones
+# compute them in well under a second, and training and evaluation stay on the plain path).
+AFFINITY_CACHE_MIN_GAUSSIANS = 50_000
+AFFINITY_CACHE_ENV = "SPLATPAINTER_AFFINITY_CACHE_MB"
+AFFINITY_CACHE_DEFAULT_MB = 1024  # a 1M-Gaussian asset's entry takes about 500 MB
 
 
 @dataclass
@@ -90,6 +103,93 @@ def build_graph(asset, k: int, anchors: int) -> SplatGraph:
         fine_idx, fine_dist / extent, anc, coarse_idx, coarse_dist / extent, up_idx,
         up_dist / extent, points, node_attributes(asset, spacing),
     )  # fmt: skip
+
+
+def affinity_cache_bytes() -> int:
+    """The affinity cache's limit the environment names (0: off); unreadable: the default."""
+    raw = os.environ.get(AFFINITY_CACHE_ENV, "")
+    try:
+        mb = float(raw) if raw else AFFINITY_CACHE_DEFAULT_MB
+    except ValueError:
+        warnings.warn(f"{AFFINITY_CACHE_ENV}={raw!r} is not a number", stacklevel=2)
+        mb = AFFINITY_CACHE_DEFAULT_MB
+    return max(0, int(mb * 1024 * 1024))
+
+
+@dataclass
+class _Affinities:
+    """One graph's read-back and fine affinities, and everything they were computed from."""
+
+    graph: SplatGraph
+    tensors: tuple[torch.Tensor, ...]  # the graph's tensors then ...
+    versions: tuple[int, ...]  # ... and their in-place versions
+    params: list[torch.Tensor]  # the propagation's weights (copies)
+    rows: int  # AFFINITY_ROWS: the chunks the affinities were computed in
+    u: torch.Tensor  # [N, embed] node embeddings
+    normals: torch.Tensor  # [N, 3]
+    colors: torch.Tensor  # [N, 3]
+    up: torch.Tensor  # [N, UP_NEIGHBOURS, C] read-back affinities
+    fine_norm: torch.Tensor  # [N, k, C] fine affinities, normalised per Gaussian (`_normalise`)
+
+    def nbytes(self) -> int:
+        ts = [self.u, self.normals, self.colors, self.up, self.fine_norm, *self.params]
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _graph_tensors(graph: SplatGraph) -> tuple[torch.Tensor, ...]:
+    return tuple(getattr(graph, k) for k in SplatGraph.__dataclass_fields__)
+
+
+class AffinityCache:
+    """The affinities of the last large asset an editor walked on (one entry, at most
+    `max_bytes`; 0 keeps nothing).  An entry is reused only for the same graph object (its
+    tensors unchanged in place), the same weights (compared exactly) and the same chunking;
+    then every chunk of AFFINITY_ROWS edges whose Gaussians' embeddings, normals and colours
+    are all bit-equal to the entry's is taken from it, and the others are recomputed as the
+    plain computation computes them (the same chunks, so the same bits).  Thread-safe; a copy
+    or pickle of a model carries an empty cache."""
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = affinity_cache_bytes() if max_bytes is None else int(max_bytes)
+        self._entry: _Affinities | None = None
+        self._lock = threading.Lock()
+        self.hits = 0  # calls that reused an entry (wholly or in part)
+        self.misses = 0  # calls that computed every affinity
+        self.chunks_computed = 0  # fine and read-back chunks computed, over all calls
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entry = None
+
+    def size_bytes(self) -> int:
+        e = self._entry
+        return 0 if e is None else e.nbytes()
+
+    def __getstate__(self) -> dict:
+        return {"max_bytes": self.max_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["max_bytes"])
+
+    def __deepcopy__(self, memo: dict) -> AffinityCache:
+        return AffinityCache(self.max_bytes)
+
+    def _usable(self, graph: SplatGraph, params: list[torch.Tensor], u: torch.Tensor):
+        e = self._entry
+        if e is None or e.graph is not graph or e.rows != AFFINITY_ROWS:
+            return None
+        now = _graph_tensors(graph)  # the same tensors, not changed in place since
+        if any(a is not b for a, b in zip(e.tensors, now, strict=True)):
+            return None
+        if e.versions != tuple(t._version for t in now):
+            return None
+        if e.u.shape != u.shape or e.u.dtype != u.dtype:
+            return None
+        if len(e.params) != len(params) or not all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(e.params, params, strict=True)
+        ):
+            return None
+        return e
 
 
 class EdgeAffinity(nn.Module):
@@ -153,35 +253,123 @@ class Propagation(nn.Module):
         self.fine_edge = EdgeAffinity(embed_dim, hidden, channels)
         self.coarse_edge = EdgeAffinity(embed_dim, hidden, channels)
         self.up_edge = EdgeAffinity(embed_dim, hidden, channels)
+        # the last large asset's affinities, for the next edit (inference only; not weights)
+        self.affinity_cache: AffinityCache | None = AffinityCache()
 
     @staticmethod
-    def _affinity(edge, u, points, normals, colors, src, dst, spacing) -> torch.Tensor:
+    def _affinity(
+        edge, u, points, normals, colors, src, dst, spacing, post=None, need=None, old=None
+    ) -> torch.Tensor:
         """[R, k, C] affinities of the edges from the Gaussians `src` [R] to `dst` [R, k], in
         chunks of AFFINITY_ROWS rows: the edge MLP's inputs and hidden layer are ~40 floats
-        per edge, 2.8 GB at a million Gaussians at once (each row's result is its own)."""
+        per edge, 2.8 GB at a million Gaussians at once (each row's result is its own).
+        post: applied to each chunk's result; need [R] bool with old [R, k, C]: a chunk with
+        no row in need is taken from old (the rest are computed in the same chunks)."""
 
         def rows(src, dst):
             geo = edge_geometry(
                 points[src][:, None], points[dst], normals[src][:, None], normals[dst],
                 colors[src][:, None], colors[dst], spacing,
             )  # fmt: skip
-            return edge(u[src][:, None].expand(-1, dst.shape[1], -1), u[dst], geo)
+            out = edge(u[src][:, None].expand(-1, dst.shape[1], -1), u[dst], geo)
+            return out if post is None else post(out)
 
         if src.shape[0] <= AFFINITY_ROWS:
-            return rows(src, dst)
-        parts = zip(src.split(AFFINITY_ROWS), dst.split(AFFINITY_ROWS), strict=True)
-        return torch.cat([rows(s, d) for s, d in parts])
+            chunks = [(src, dst, need, old)]
+        else:
+            pieces = [src.split(AFFINITY_ROWS), dst.split(AFFINITY_ROWS)]
+            if need is not None:
+                pieces += [need.split(AFFINITY_ROWS), old.split(AFFINITY_ROWS)]
+            chunks = [(*c, None, None) if need is None else c for c in zip(*pieces, strict=True)]
+        if need is not None and not any(bool(n.any()) for _, _, n, _ in chunks):
+            return old  # nothing to recompute: the very tensor (no copy)
+        parts = [
+            rows(s, d) if n is None or bool(n.any()) else o for s, d, n, o in chunks
+        ]  # fmt: skip
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @staticmethod
-    def _walk(z0, seeds, conf, nbr, aff, steps: int) -> torch.Tensor:
-        """steps of z <- conf s + (1 - conf) sum_j a_ij z_j / (sum_j a_ij + eps)."""
-        norm = aff / (aff.sum(1, keepdim=True) + WALK_EPS)  # [N, k, C]
+    def _normalise(aff: torch.Tensor) -> torch.Tensor:
+        """a_ij / (sum_j a_ij + eps): what a walk step weighs its neighbours by."""
+        return aff / (aff.sum(1, keepdim=True) + WALK_EPS)
+
+    @staticmethod
+    def _walk(z0, seeds, conf, nbr, aff, steps: int, norm=None) -> torch.Tensor:
+        """steps of z <- conf s + (1 - conf) sum_j a_ij z_j / (sum_j a_ij + eps) (norm: the
+        normalised affinities, if already known).  At capture scale each step runs in chunks
+        of rows (the same numbers, row by row; [N, k, C] temporaries are 320 MB at 1M)."""
+        if norm is None:
+            norm = Propagation._normalise(aff)  # [N, k, C]
         held = conf[:, None] * seeds
         keep = 1.0 - conf[:, None]
+        n = nbr.shape[0]
         z = z0
         for _ in range(steps):
-            z = held + keep * (norm * z[nbr]).sum(1)
+            if n <= AFFINITY_ROWS:
+                z = held + keep * (norm * z[nbr]).sum(1)
+                continue
+            nxt = torch.empty_like(held)
+            for lo in range(0, n, AFFINITY_ROWS):
+                r = slice(lo, lo + AFFINITY_ROWS)
+                nxt[r] = held[r] + keep[r] * (norm[r] * z[nbr[r]]).sum(1)
+            z = nxt
         return z
+
+    def _cacheable(self, graph: SplatGraph) -> bool:
+        """Inference on a large asset's own graph (not a restricted edit's subgraph)."""
+        cache = self.affinity_cache
+        return (
+            cache is not None
+            and cache.max_bytes > 0
+            and not self.training
+            and not torch.is_grad_enabled()
+            and graph.fine_idx.shape[0] >= AFFINITY_CACHE_MIN_GAUSSIANS
+            and getattr(graph, "cacheable", True)
+        )
+
+    def _fine_and_up(self, graph, u, points, normals, colors, spacing, c_spacing):
+        """(read-back affinities [N, UP, C], normalised fine affinities [N, k, C]), from the
+        affinity cache where it holds them (see AffinityCache)."""
+        a, up, fn = graph.anchors, graph.up_idx, graph.fine_idx
+        every = torch.arange(u.shape[0], device=u.device)
+        args = (u, points, normals, colors, every)
+        if not self._cacheable(graph):
+            aff_up = self._affinity(self.up_edge, *args, a[up], c_spacing)
+            return aff_up, self._normalise(self._affinity(self.fine_edge, *args, fn, spacing))
+        cache = self.affinity_cache
+        params = [p.detach() for p in self.parameters()]
+        with cache._lock:
+            e = cache._usable(graph, params, u)
+            need_up = need_fine = None
+            if e is not None:
+                changed = (u != e.u).any(1) | (normals != e.normals).any(1)
+                changed |= (colors != e.colors).any(1)
+                need_up = changed | changed[a[up]].any(1)
+                need_fine = changed | changed[fn].any(1)
+                if bool(need_fine.all()):  # every edge anew (a recolour before): a miss
+                    e = need_up = need_fine = None
+            if e is not None:
+                cache.hits += 1
+            else:
+                cache.misses += 1
+                cache._entry = None  # free the old entry before computing the new one
+            old_up = None if e is None else e.up
+            old_fine = None if e is None else e.fine_norm
+            aff_up = self._affinity(self.up_edge, *args, a[up], c_spacing, need=need_up, old=old_up)
+            fine = self._affinity(
+                self.fine_edge, *args, fn, spacing, post=self._normalise, need=need_fine,
+                old=old_fine,
+            )  # fmt: skip
+            for need in (need_up, need_fine):
+                parts = (every if need is None else need).split(AFFINITY_ROWS)
+                cache.chunks_computed += sum(need is None or bool(n.any()) for n in parts)
+            tensors = _graph_tensors(graph)
+            entry = _Affinities(
+                graph, tensors, tuple(t._version for t in tensors), [p.clone() for p in params],
+                AFFINITY_ROWS, u, normals.clone(), colors.clone(), aff_up, fine,
+            )  # fmt: skip
+            cache._entry = entry if entry.nbytes() <= cache.max_bytes else None
+        return aff_up, fine
 
     def forward(
         self,
@@ -216,12 +404,11 @@ class Propagation(nn.Module):
         c_spacing = graph.coarse_dist[:, 0].median().clamp_min(1e-9)
         aff = self._affinity(self.coarse_edge, u, points, normals, colors, a, a[cn], c_spacing)
         z_a = self._walk(torch.zeros_like(s_a), s_a, c_a, cn, aff, self.coarse_steps)
-        # read back: each Gaussian from its nearest anchors, by learned affinity
+        # read back: each Gaussian from its nearest anchors, by learned affinity; the fine
+        # level's affinities with them (they do not depend on the edit: maybe cached)
         up = graph.up_idx
-        every = torch.arange(u.shape[0], device=u.device)
-        aff_up = self._affinity(self.up_edge, u, points, normals, colors, every, a[up], c_spacing)
+        aff_up, norm = self._fine_and_up(graph, u, points, normals, colors, spacing, c_spacing)
         z = (aff_up * z_a[up]).sum(1) / (aff_up.sum(1) + WALK_EPS)
         # fine level: a few steps on the full graph sharpen boundaries
         fn = graph.fine_idx
-        aff = self._affinity(self.fine_edge, u, points, normals, colors, every, fn, spacing)
-        return self._walk(z, seeds, conf, fn, aff, self.fine_steps)
+        return self._walk(z, seeds, conf, fn, None, self.fine_steps, norm=norm)

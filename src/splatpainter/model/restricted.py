@@ -85,7 +85,7 @@ def subgraph(graph: SplatGraph, keep: torch.Tensor) -> SplatGraph:
     own = torch.arange(keep.numel(), device=keep.device)[:, None].expand_as(fine)
     fine = torch.where(fine >= 0, fine, own)
     spacing = graph.fine_dist[:, 0].median()
-    return SplatGraph(
+    sub = SplatGraph(
         fine_idx=fine,
         fine_dist=spacing.expand(keep.numel(), graph.fine_dist.shape[1]),
         anchors=pos[graph.anchors],
@@ -96,6 +96,8 @@ def subgraph(graph: SplatGraph, keep: torch.Tensor) -> SplatGraph:
         points=graph.points[keep],
         attrs=graph.attrs[keep],
     )
+    sub.cacheable = False  # one edit's subgraph: its affinities are not kept (propagate.py)
+    return sub
 
 
 def _signals_rows(sig: GaussianSignals, idx: torch.Tensor) -> GaussianSignals:
@@ -178,6 +180,68 @@ def local_forward(
     clock("stage2_network_touched")
     d = out[0]
     return LocalDeltas(rows, d["rgb"], d["rest_map"], d["gate"], size), new_state
+
+
+HEAD_ROWS = 1 << 18  # Gaussians per chunk of a non-local edit's head (`chunked_forward`)
+
+
+@torch.no_grad()
+def chunked_forward(
+    editor: Stage2Editor,
+    s: EditSample,
+    state: list[FastWeights],
+    rows_per_chunk: int | None = None,
+    timings: dict[str, float] | None = None,
+) -> tuple[dict[str, torch.Tensor], list[FastWeights]]:
+    """`Stage2Editor.forward` for one sample of any kind, its per-Gaussian head run on
+    `rows_per_chunk` (default HEAD_ROWS) Gaussians at a time: the head's inputs (voxel
+    token, features, signals, walk: ~210 floats a Gaussian) and hidden layer took 1.9 GB at
+    once at 1M Gaussians.
+    Returns the deltas' "rgb", "rest_map" and "gate" for every Gaussian, and the new fast
+    weights.  As in `local_forward`, the editor's own forward runs on each chunk through a
+    shallow copy whose seams return the whole asset's per-Gaussian inputs, voxel signal
+    tokens and walk, and whose blocks (voxel attention, TTT update) run once, for the first
+    chunk: their inputs are the voxels and views, the same for every chunk."""
+    clock = _Clock(timings)
+    rows_per_chunk = rows_per_chunk or HEAD_ROWS
+    cand, stats, per_gauss, normals, rest = editor._gaussian_inputs(s)
+    vox = s.latent.vox
+    voxel_sig = editor.voxel_sig(segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels))
+    walk = None
+    if editor.propagation is not None:
+        walk = editor._walk(s, cand, per_gauss, normals)
+    clock("stage2_inputs_and_walk")
+    n = s.colors.shape[0]
+    blocks = nn.ModuleList(_Once(b) for b in editor.blocks)
+    outs, new_state = [], state
+    for lo in range(0, n, rows_per_chunk):
+        rows = torch.arange(lo, min(n, lo + rows_per_chunk), device=s.colors.device)
+        inputs = (cand[rows], stats, per_gauss[rows], normals[rows], rest[rows])
+        view = _rows_editor(editor, inputs, voxel_sig, None if walk is None else walk[rows])
+        view._modules["blocks"] = blocks
+        row_vox = dataclasses.replace(vox, gauss_voxel=vox.gauss_voxel[rows])
+        gfeat = s.latent.gauss_feat[rows]
+        latent = Stage1Latent(row_vox, s.latent.voxel_latent, gfeat, None, None)
+        signals = _RowSignals(**vars(_signals_rows(s.signals, rows)), full=s.signals)
+        sample = EditSample(latent, s.views, signals, s.colors[rows], s.hint)
+        out, new_state = view([sample], state)
+        outs.append({k: out[0][k] for k in ("rgb", "rest_map", "gate")})
+    clock("stage2_head_chunks")
+    return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}, new_state
+
+
+class _Once(nn.Module):
+    """A block that runs once and then returns that first result, whatever its input."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+        self.out = None
+
+    def forward(self, *args):
+        if self.out is None:
+            self.out = self.block(*args)
+        return self.out
 
 
 @dataclasses.dataclass

@@ -260,8 +260,9 @@ def _unbatch(out: RenderOutput) -> RenderOutput:
     return RenderOutput(**{f.name: getattr(out, f.name)[0] for f in fields(RenderOutput)})
 
 
-def _render_one(gaussians, world_to_cam, K, width, height, bg, sh_degree, backend, opts):
-    """One camera through the numba or the reference stages."""
+def _render_one(gaussians, world_to_cam, K, width, height, bg, sh_degree, backend, opts, leaf=None):
+    """One camera through the numba or the reference stages.  leaf (a list): the composited
+    colours become a gradient leaf, appended to it (`render_and_weights`)."""
     means, quats, log_scales, opacity_logits, sh, colors = gaussians
     w2c = world_to_cam.to(device=means.device, dtype=means.dtype)
     if backend == "numba":
@@ -280,6 +281,9 @@ def _render_one(gaussians, world_to_cam, K, width, height, bg, sh_degree, backen
         colors = shade(means, sh, w2c, sh_degree, visible=proj.radii > 0)
     elif colors is None:
         colors = shade(means, sh, w2c, sh_degree)
+    if leaf is not None:
+        colors = colors.detach().requires_grad_(True)
+        leaf.append(colors)
     if proj.compensations is not None:
         opacities = opacities * proj.compensations.to(opacities)
     rgb, alpha, depth_sum = raster(
@@ -362,3 +366,42 @@ def splat_weights(
         )
         (grad,) = torch.autograd.grad((out.rgb[..., 0] * m).sum(), colors)
     return grad[:, 0]
+
+
+def render_and_weights(
+    asset: GaussianAsset, camera: Camera, *, backend: str = "auto"
+) -> tuple[RenderOutput, torch.Tensor]:
+    """``(render(asset, camera), splat_weights(asset, camera))`` bit for bit, from one
+    projection and one forward raster instead of two: the render's own SH colours are the
+    gradient leaf (a colour's gradient is its compositing weight, whatever the colour), so
+    Stage I's preprocessing pays one forward pass per view at 1M Gaussians, not two."""
+    a = asset.detach()
+    if backend == "auto":
+        backend = "gsplat" if a.means.is_cuda and gsplat_available() else "numba"
+    if backend == "gsplat":
+        with torch.no_grad():
+            out = render(a, camera, backend=backend)
+        return out, splat_weights(a, camera, backend=backend)
+    _check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    max_deg, _ = _validate(
+        a.means, a.quats, a.log_scales, a.opacity_logits, a.sh, None, camera.world_to_cam,
+        camera.K(), int(camera.width), int(camera.height),
+    )  # fmt: skip
+    opts = {
+        "near_plane": float(NEAR_PLANE),
+        "far_plane": float(FAR_PLANE),
+        "eps2d": float(EPS2D),
+        "radius_clip": 0.0,
+        "antialiased": False,
+    }
+    gaussians = (a.means, a.quats, a.log_scales, a.opacity_logits, a.sh, None)
+    bg = _background(None, 3, 0, a.means)
+    leaf: list[torch.Tensor] = []
+    with torch.enable_grad():
+        out = _render_one(
+            gaussians, camera.world_to_cam, camera.K(), int(camera.width), int(camera.height),
+            bg, max_deg, backend, opts, leaf,
+        )  # fmt: skip
+        (grad,) = torch.autograd.grad(out.rgb[..., 0].sum(), leaf[0])
+    detached = RenderOutput(**{f.name: getattr(out, f.name).detach() for f in fields(out)})
+    return detached, grad[:, 0]

@@ -1,0 +1,287 @@
+"""Capture scale (#22): the faster opening (one render pass per preprocessing view, faint
+normals oriented by cell, the anchors' occupied-cell count) and the edge-affinity cache of
+non-local edits, each against the plain computation, bit for bit, on test-sized assets."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+import splatpainter.model.propagate as prop
+from splatpainter.assets.gaussians import GaussianAsset
+from splatpainter.assets.procedural import make_demo_asset
+from splatpainter.camera import orbit_cameras
+from splatpainter.edit import EditView, ModelMethod
+from splatpainter.model.editor import load_editor
+from splatpainter.render import render, splat_weights
+from splatpainter.render.api import render_and_weights
+from splatpainter.train.data import base_colors, with_base_colors
+
+
+def tiled(per_tile: int, side: int) -> GaussianAsset:
+    """The demo asset repeated on a side^3 lattice (as benchmarks/edit_speed.py builds 1M)."""
+    base = make_demo_asset(per_tile, seed=0).asset
+    return GaussianAsset.concat(
+        [
+            base.replace(means=base.means + 1.1 * torch.tensor([i, j, k], dtype=torch.float32))
+            for i in range(side)
+            for j in range(side)
+            for k in range(side)
+        ]
+    )
+
+
+# ------------------------------------------------------------------------- opening
+@pytest.mark.parametrize("backend", ["numba", "reference"])
+def test_render_and_weights_equal_the_render_and_the_splat_weights(backend):
+    asset = tiled(1500, 2)
+    cams = orbit_cameras(asset, 2, width=64, height=48, elevation_deg=-30.0)
+    for cam in [*cams, orbit_cameras(asset, 3, width=40, height=40)[1]]:
+        with torch.no_grad():
+            ref = render(asset, cam, backend=backend)
+        weights = splat_weights(asset, cam, backend=backend)
+        out, got = render_and_weights(asset, cam, backend=backend)
+        assert int((weights > 0).sum()) > 500
+        assert torch.equal(got, weights)
+        for name in ("rgb", "alpha", "depth", "radii", "means2d"):
+            assert torch.equal(getattr(out, name), getattr(ref, name)), name
+        assert not out.rgb.requires_grad
+
+
+def test_faint_normals_by_cells_equal_the_all_pairs_call_on_clustered_points():
+    """Dense clusters of faint Gaussians with a few trusted ones spread far and near: the
+    cell balls (centre, reach, margin-th trusted) must still hold every faint Gaussian's
+    nearest trusted ones."""
+    from splatpainter.model.hypotheses import orient_by_neighbours
+    from splatpainter.model.stage1 import orient_faint_locally
+
+    g = torch.Generator().manual_seed(7)
+    centres = torch.rand(12, 3, generator=g) * 4
+    spread = torch.tensor([0.02, 0.3, 0.05, 1.0])[torch.randint(0, 4, (12,), generator=g)]
+    means = torch.cat(
+        [c + s * torch.randn(600, 3, generator=g) for c, s in zip(centres, spread, strict=True)]
+    )
+    n = means.shape[0]
+    normals = torch.nn.functional.normalize(torch.randn(n, 3, generator=g), dim=-1)
+    trusted = torch.rand(n, generator=g) > 0.93
+    log_scales = torch.randn(n, 3, generator=g) - 4
+    ref = orient_by_neighbours(normals, means, trusted, log_scales)
+    for chunk in (4096, 333):
+        got = orient_faint_locally(normals, means, trusted, log_scales, chunk=chunk)
+        assert torch.equal(got, ref)
+    assert int((ref != normals).any(1).sum()) > 100
+
+
+def test_anchor_counts_by_bitmap_equal_unique(monkeypatch):
+    from splatpainter.model import graph
+
+    lin = torch.randint(0, 5000, (20000,), generator=torch.Generator().manual_seed(2))
+    assert graph._occupied(lin, 5000) == int(torch.unique(lin).numel())
+    assert graph._occupied(lin, 1 << 26) == int(torch.unique(lin).numel())
+    means = tiled(800, 2).means
+    got = graph.anchor_subsample(means, 300)
+    monkeypatch.setattr(graph, "_occupied", lambda lin, cells: int(torch.unique(lin).numel()))
+    assert torch.equal(got, graph.anchor_subsample(means, 300))
+
+
+# ------------------------------------------------------------------------- the affinity cache
+def test_walk_steps_in_chunks_equal_the_steps_at_once(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    n, k, c = 3000, 10, 8
+    aff = torch.rand(n, k, c, generator=g)
+    nbr = torch.randint(0, n, (n, k), generator=g)
+    z0, seeds = torch.randn(n, c, generator=g), torch.randn(n, c, generator=g)
+    conf = torch.rand(n, generator=g)
+    whole = prop.Propagation._walk(z0, seeds, conf, nbr, aff, 4)
+    monkeypatch.setattr(prop, "AFFINITY_ROWS", 97)  # chunks that do not divide n
+    assert torch.equal(prop.Propagation._walk(z0, seeds, conf, nbr, aff, 4), whole)
+
+
+@pytest.fixture(scope="module")
+def recolour_setup():
+    """A 12k tiled asset, its open editor, a recolour view and a paint view."""
+    asset = tiled(1500, 2)
+    model = load_editor()
+    model.latent_cache = None
+    cam = orbit_cameras(asset, 4, width=96, height=96)[0]
+    colors = base_colors(asset)
+    recoloured = with_base_colors(asset, (colors[:, [1, 2, 0]] * 0.9 + 0.05).clamp(0, 1))
+    with torch.no_grad():
+        img = render(recoloured, cam).rgb.clamp(0, 1)
+        painted = render(asset, cam).rgb.clamp(0, 1).clone()
+    painted[30:50, 30:50] = torch.tensor([1.0, 0.0, 1.0])
+    return asset, model, EditView(cam, img), EditView(cam, painted)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """The cache on for the test-sized asset, with many chunks of edges."""
+    monkeypatch.setattr(prop, "AFFINITY_CACHE_MIN_GAUSSIANS", 1000)
+    monkeypatch.setattr(prop, "AFFINITY_ROWS", 1024)
+
+
+def _uncached(model, asset, view, state):
+    cache = model.stage2.propagation.affinity_cache
+    model.stage2.propagation.affinity_cache = None
+    try:
+        return ModelMethod(model, kind="recolor").apply(asset, [view], state)
+    finally:
+        model.stage2.propagation.affinity_cache = cache
+
+
+def _same(a, b) -> bool:
+    (asset_a, state_a), (asset_b, state_b) = a, b
+    fast = all(
+        torch.equal(getattr(x, k), getattr(y, k))
+        for x, y in zip(state_a["fast"], state_b["fast"], strict=True)
+        for k in ("w0", "w1", "w2")
+    )
+    return torch.equal(asset_a.sh, asset_b.sh) and fast
+
+
+def test_recolours_with_the_affinity_cache_equal_those_without(recolour_setup, small_chunks):
+    """Cold (every chunk computed), warm (the same asset: none), and after a paint edit (only
+    the chunks around the painted Gaussians): each recolour equals the uncached one bit for
+    bit, asset and fast weights."""
+    asset, model, view, paint = recolour_setup
+    cache = prop.AffinityCache(1 << 30)
+    model.stage2.propagation.affinity_cache = cache
+    method = ModelMethod(model, kind="recolor")
+    state = method.initial_state(asset)
+    n_chunks = 2 * -(-asset.num_gaussians // prop.AFFINITY_ROWS)  # read-back and fine
+
+    cold = method.apply(asset, [view], state)
+    assert cache.misses == 1 and cache.chunks_computed == n_chunks
+    assert 0 < cache.size_bytes() <= cache.max_bytes
+    ref = _uncached(model, asset, view, state)
+    assert _same(cold, ref)
+    assert int((cold[0].sh != asset.sh).any(-1).any(-1).sum()) > asset.num_gaussians // 2
+
+    warm = method.apply(asset, [view], state)
+    assert cache.hits == 1 and cache.chunks_computed == n_chunks  # nothing recomputed
+    assert _same(warm, ref)
+
+    painted, _ = ModelMethod(model, kind="paint").apply(asset, [paint], state)
+    assert cache.hits == 1 and cache.misses == 1  # the restricted walk leaves the cache alone
+    changed = int((painted.sh != asset.sh).any(-1).any(-1).sum())
+    assert 50 < changed < asset.num_gaussians // 4
+    after = method.apply(painted, [view], state)
+    recomputed = cache.chunks_computed - n_chunks
+    assert cache.hits == 2 and 0 < recomputed < n_chunks
+    assert _same(after, _uncached(model, painted, view, state))
+    model.stage2.propagation.affinity_cache = prop.AffinityCache()
+
+
+def test_the_affinity_cache_is_invalidated_by_weights_graph_and_asset(recolour_setup, small_chunks):
+    asset, model, view, _ = recolour_setup
+    model = copy.deepcopy(model)  # its weights are changed below
+    cache = model.stage2.propagation.affinity_cache
+    assert cache is not None and cache.size_bytes() == 0  # a copy carries an empty cache
+    cache.max_bytes = 1 << 30
+    method = ModelMethod(model, kind="recolor")
+    state = method.initial_state(asset)
+    method.apply(asset, [view], state)
+    assert cache.misses == 1
+
+    with torch.no_grad():  # other weights: every affinity again
+        model.stage2.propagation.fine_edge.mlp.fc1.bias.add_(0.01)
+    got = method.apply(asset, [view], state)
+    assert cache.misses == 2
+    assert _same(got, _uncached(model, asset, view, state))
+
+    graph = state["latent"].graph  # the graph changed in place: again
+    with torch.no_grad():
+        graph.points[0] += 1e-3
+    got = method.apply(asset, [view], state)
+    assert cache.misses == 3
+    assert _same(got, _uncached(model, asset, view, state))
+
+    graph.attrs = graph.attrs.clone()  # a graph tensor replaced: again
+    got = method.apply(asset, [view], state)
+    assert cache.misses == 4
+    assert _same(got, _uncached(model, asset, view, state))
+
+    other = tiled(1400, 2)  # another asset (another graph)
+    state2 = method.initial_state(other)
+    got = method.apply(other, [view], state2)
+    assert cache.misses == 5
+    assert _same(got, _uncached(model, other, view, state2))
+
+
+def test_the_affinity_cache_is_bounded_and_off_in_training(recolour_setup, small_chunks):
+    asset, model, view, _ = recolour_setup
+    method = ModelMethod(model, kind="recolor")
+    state = method.initial_state(asset)
+    ref = _uncached(model, asset, view, state)
+    tiny = prop.AffinityCache(max_bytes=1000)  # an entry is larger: none is kept
+    model.stage2.propagation.affinity_cache = tiny
+    assert _same(method.apply(asset, [view], state), ref)
+    assert tiny.misses == 1 and tiny.size_bytes() == 0
+    assert prop.AffinityCache(max_bytes=0).max_bytes == 0
+    big = prop.AffinityCache(1 << 30)
+    model.stage2.propagation.affinity_cache = big
+    with torch.enable_grad():  # training computes every affinity, keeps nothing
+        from splatpainter.edit.methods import build_edit_sample
+
+        sample = build_edit_sample(asset, [view], state["latent"], hint="recolor")
+        model.stage2([sample], state["fast"])
+    assert big.misses == 0 and big.hits == 0 and big.size_bytes() == 0
+    back = pickle.loads(pickle.dumps(big))
+    assert back.max_bytes == big.max_bytes and back.size_bytes() == 0
+    model.stage2.propagation.affinity_cache = prop.AffinityCache()
+
+
+def test_affinity_cache_limit_from_the_environment(monkeypatch):
+    monkeypatch.setenv(prop.AFFINITY_CACHE_ENV, "2")
+    assert prop.affinity_cache_bytes() == 2 << 20
+    monkeypatch.setenv(prop.AFFINITY_CACHE_ENV, "0")
+    assert prop.AffinityCache().max_bytes == 0
+    monkeypatch.setenv(prop.AFFINITY_CACHE_ENV, "lots")
+    with pytest.warns(UserWarning, match="not a number"):
+        assert prop.affinity_cache_bytes() == prop.AFFINITY_CACHE_DEFAULT_MB << 20
+
+
+# ------------------------------------------------------------------------- the chunked head
+@pytest.mark.parametrize("kind", ["recolor", "relight", "auto"])
+def test_the_head_in_chunks_equals_the_full_forward(recolour_setup, kind):
+    """A non-local edit at capture scale runs Stage II's head on chunks of Gaussians (the
+    blocks once): the deltas and fast weights equal the full forward's bit for bit."""
+    from splatpainter.edit.methods import build_edit_sample
+    from splatpainter.model.restricted import chunked_forward
+
+    asset, model, view, _ = recolour_setup
+    state = ModelMethod(model, kind=kind).initial_state(asset)
+    settings = model.stage2.config.signal_settings()
+    sample = build_edit_sample(asset, [view], state["latent"], hint=kind, settings=settings)
+    with torch.no_grad():
+        deltas, fast = model.stage2([sample], state["fast"])
+    assert int((deltas[0]["rgb"] != 0).any(-1).sum()) > asset.num_gaussians // 2
+    for rows in (4096, 5000, asset.num_gaussians):
+        got, got_fast = chunked_forward(model.stage2, sample, state["fast"], rows)
+        for k in ("rgb", "rest_map", "gate"):
+            assert torch.equal(got[k], deltas[0][k]), (rows, k)
+        for a, b in zip(got_fast, fast, strict=True):
+            assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("w0", "w1", "w2"))
+
+
+def test_a_non_local_apply_at_capture_scale_takes_the_chunked_head(recolour_setup, monkeypatch):
+    from splatpainter.model import restricted
+
+    asset, model, view, _ = recolour_setup
+    method = ModelMethod(model, kind="recolor")
+    state = method.initial_state(asset)
+    ref = method.apply(asset, [view], state)  # 12k Gaussians: the full forward
+    calls = []
+    real = restricted.chunked_forward
+
+    def spy(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(restricted, "HEAD_ROWS", 3000)
+    monkeypatch.setattr("splatpainter.edit.methods.chunked_forward", spy)
+    assert _same(method.apply(asset, [view], state), ref)
+    assert calls == [1]
