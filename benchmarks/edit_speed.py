@@ -69,45 +69,27 @@ def _rss_mb() -> float:
 
 def history_mb(session, base) -> float:
     """MB a session's history holds beyond the loaded asset `base`: the tensors of the assets
-    its entries keep (shared ones once) and the changed rows the others keep (edit/session.py).
-    Resident memory measures this only roughly: the allocator keeps freed blocks."""
+    its entries keep, shared ones once (edit/session.py keeps one asset per entry).  Resident
+    memory measures this only roughly: the allocator keeps freed blocks."""
     seen = {t.untyped_storage().data_ptr() for t in base.tensors().values()}
     total = 0
     for e in session.entries:
-        if e._asset is not None:
-            for t in e._asset.tensors().values():
-                if t.untyped_storage().data_ptr() not in seen:
-                    seen.add(t.untyped_storage().data_ptr())
-                    total += t.untyped_storage().nbytes()
-        elif e._delta is not None:
-            total += sum(sum(x.nbytes for x in r) for r in e._delta.rows.values())
+        for t in e.asset.tensors().values():
+            if t.untyped_storage().data_ptr() not in seen:
+                seen.add(t.untyped_storage().data_ptr())
+                total += t.untyped_storage().nbytes()
     return total / 2**20
 
 
 def tiled_demo(gaussians: int, tiles: int):
     """(surface normals [N, 3], the asset): `tiles` copies of the demo asset with
     gaussians / tiles Gaussians each on a cubic lattice, 10% apart."""
-    import torch
-
-    from splatpainter.assets.gaussians import GaussianAsset
-    from splatpainter.assets.procedural import make_demo_asset
+    from splatpainter.assets.demo import tiled_demo_asset
 
     side = round(tiles ** (1 / 3))
     if side**3 != tiles or tiles < 1:
         raise SystemExit(f"--tiles must be a cube (1, 8, 27, ...), got {tiles}")
-    per = -(-gaussians // tiles)
-    demo = make_demo_asset(per, seed=0)
-    if tiles == 1:
-        return demo.normals, demo.asset
-    base = demo.asset
-    step = 1.1 * float((base.means.max(0).values - base.means.min(0).values).max())
-    parts = [
-        base.replace(means=base.means + step * torch.tensor([i, j, k], dtype=base.means.dtype))
-        for i in range(side)
-        for j in range(side)
-        for k in range(side)
-    ]
-    return demo.normals.repeat(tiles, 1), GaussianAsset.concat(parts)
+    return tiled_demo_asset(-(-gaussians // tiles), side)
 
 
 def at_scale(args, asset, view, tiles: int) -> None:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import splatpainter.model.propagate as prop
+from splatpainter.assets.demo import tiled_demo_asset
 from splatpainter.assets.gaussians import GaussianAsset
-from splatpainter.assets.procedural import make_demo_asset
 from splatpainter.camera import orbit_cameras
 from splatpainter.edit import EditView, ModelMethod
 from splatpainter.model.editor import load_editor
@@ -23,15 +23,7 @@ from splatpainter.train.data import base_colors, with_base_colors
 
 def tiled(per_tile: int, side: int) -> GaussianAsset:
     """The demo asset repeated on a side^3 lattice (as benchmarks/edit_speed.py builds 1M)."""
-    base = make_demo_asset(per_tile, seed=0).asset
-    return GaussianAsset.concat(
-        [
-            base.replace(means=base.means + 1.1 * torch.tensor([i, j, k], dtype=torch.float32))
-            for i in range(side)
-            for j in range(side)
-            for k in range(side)
-        ]
-    )
+    return tiled_demo_asset(per_tile, side, step=1.1)[1]
 
 
 # ------------------------------------------------------------------------- opening

@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from splatpainter.assets.demo import tiled_demo_asset
 from splatpainter.assets.gaussians import GaussianAsset
 from splatpainter.assets.procedural import make_demo_asset
 from splatpainter.camera import orbit_cameras
@@ -22,15 +23,7 @@ from splatpainter.render import render
 
 def tiled(per_tile: int, side: int) -> GaussianAsset:
     """The demo asset repeated on a side^3 lattice (as benchmarks/edit_speed.py builds 1M)."""
-    base = make_demo_asset(per_tile, seed=0).asset
-    return GaussianAsset.concat(
-        [
-            base.replace(means=base.means + 1.1 * torch.tensor([i, j, k], dtype=torch.float32))
-            for i in range(side)
-            for j in range(side)
-            for k in range(side)
-        ]
-    )
+    return tiled_demo_asset(per_tile, side, step=1.1)[1]
 
 
 def painted_view(asset, index: int = 0, size: int = 128, color=(1.0, 0.0, 1.0)) -> EditView:

@@ -3,8 +3,6 @@ Host (DNS rebinding) and Origin checks, JSON-only endpoints, stale revisions fro
 cancel, the session list, the session count and disk quota, and unfinished saves removed at
 start."""
 
-import base64
-import io
 import json
 import os
 import signal
@@ -21,12 +19,14 @@ pytest.importorskip("fastapi")
 from splatpainter.assets.procedural import make_demo_asset
 from splatpainter.io import save_asset
 from splatpainter.web.app import check_request
-from splatpainter.web.harness import ServerProcess
+from splatpainter.web.harness import TEST_VIEW as VIEW
+from splatpainter.web.harness import ServerProcess, new_session
 from splatpainter.web.harness import http_call as call
+from splatpainter.web.harness import paint_body as edit_body
+from splatpainter.web.harness import server_frame as frame
 
 pytestmark = pytest.mark.timeout(900)
 SIZE = 64
-VIEW = {"az": 30.0, "el": 20.0, "zoom": 1.0, "pan_x": 0.0, "pan_y": 0.0}
 JSON = {"Content-Type": "application/json"}
 
 
@@ -40,42 +40,10 @@ def own(url: str) -> str:
     return urlsplit(url).netloc
 
 
-def new_session(url: str) -> dict:
-    status, info = call(url, "POST", "/api/sessions")
-    assert status == 200, info
-    return info
-
-
 def session_ids(url: str) -> list[str]:
     status, listing = call(url, "GET", "/api/sessions")
     assert status == 200, listing
     return [s["id"] for s in listing["sessions"]]
-
-
-def frame(url: str, sid: str, size: int = SIZE) -> np.ndarray:
-    from PIL import Image
-
-    q = "&".join(f"{k}={v}" for k, v in VIEW.items())
-    status, data = call(url, "GET", f"/api/sessions/{sid}/render?{q}&w={size}&h={size}")
-    assert status == 200, data
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
-def edit_body(url: str, sid: str, revision: int, method="backproject", size=SIZE) -> dict:
-    """An apply body: the view's frame with a magenta square painted on the object."""
-    from PIL import Image
-
-    img = frame(url, sid, size).copy()
-    c = size // 2
-    img[c - size // 8 : c + size // 8, c - size // 8 : c + size // 8] = (255, 0, 255)
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="PNG")
-    return {
-        "view": {**VIEW, "width": size, "height": size},
-        "image": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(),
-        "method": method,
-        "revision": revision,
-    }
 
 
 # ---------------------------------------------------------------------- Host and Origin

@@ -2,8 +2,6 @@
 selection kept across a server restart, over real HTTP against `splatpainter serve`; plus the
 clear 4xx answers to bad requests of these endpoints."""
 
-import base64
-import io
 import urllib.request
 
 import numpy as np
@@ -12,42 +10,13 @@ import pytest
 pytest.importorskip("fastapi")
 
 from splatpainter.io import load_asset
-from splatpainter.web.harness import ServerProcess
+from splatpainter.web.harness import TEST_VIEW as VIEW
+from splatpainter.web.harness import ServerProcess, new_session
 from splatpainter.web.harness import http_call as call
+from splatpainter.web.harness import paint_body as edit_body
+from splatpainter.web.harness import server_frame as frame
 
 SIZE = 64
-VIEW = {"az": 30.0, "el": 20.0, "zoom": 1.0, "pan_x": 0.0, "pan_y": 0.0}
-
-
-def new_session(url: str) -> dict:
-    status, info = call(url, "POST", "/api/sessions")
-    assert status == 200, info
-    return info
-
-
-def frame(url: str, sid: str) -> np.ndarray:
-    from PIL import Image
-
-    q = "&".join(f"{k}={v}" for k, v in VIEW.items())
-    status, data = call(url, "GET", f"/api/sessions/{sid}/render?{q}&w={SIZE}&h={SIZE}")
-    assert status == 200, data
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
-def png(img: np.ndarray) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def edit_body(url: str, sid: str, revision: int, method: str = "backproject") -> dict:
-    """An apply body: the view's frame with a magenta square painted on the object."""
-    img = frame(url, sid).copy()
-    img[24:40, 24:40] = (255, 0, 255)
-    view = {**VIEW, "width": SIZE, "height": SIZE}
-    return {"view": view, "image": png(img), "method": method, "revision": revision}
 
 
 def select(url: str, sid: str, **body) -> int:

@@ -2,9 +2,7 @@
 and screen-space brush selections, invert, an edit limited to the selection, delete and an exact
 colour adjustment of it, both undoable."""
 
-import base64
 import colorsys
-import io
 
 import numpy as np
 import pytest
@@ -13,8 +11,12 @@ pytest.importorskip("fastapi")
 
 from splatpainter.assets.gaussians import SH_C0
 from splatpainter.io import load_asset, ply_from_bytes
-from splatpainter.web.harness import ServerProcess
+from splatpainter.web.harness import TEST_VIEW as VIEW
+from splatpainter.web.harness import ServerProcess, new_session
 from splatpainter.web.harness import http_call as call
+from splatpainter.web.harness import paint_body as edit_body
+from splatpainter.web.harness import png_data_url as png
+from splatpainter.web.harness import server_frame as frame
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -26,34 +28,6 @@ def server(asset_file, tmp_path_factory):
 
 
 SIZE = 64
-VIEW = {"az": 30.0, "el": 20.0, "zoom": 1.0, "pan_x": 0.0, "pan_y": 0.0}
-
-
-def new_session(url: str) -> dict:
-    status, info = call(url, "POST", "/api/sessions")
-    assert status == 200, info
-    return info
-
-
-def frame(url: str, sid: str) -> np.ndarray:
-    from PIL import Image
-
-    q = "&".join(f"{k}={v}" for k, v in VIEW.items())
-    status, data = call(url, "GET", f"/api/sessions/{sid}/render?{q}&w={SIZE}&h={SIZE}")
-    assert status == 200, data
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
-def edit_body(url: str, sid: str, revision: int) -> dict:
-    """An apply body: the view's frame with a magenta square painted on the object."""
-    img = frame(url, sid).copy()
-    img[24:40, 24:40] = (255, 0, 255)
-    return {
-        "view": {**VIEW, "width": SIZE, "height": SIZE},
-        "image": png(img),
-        "method": "backproject",
-        "revision": revision,
-    }
 
 
 def select(url, sid, **body) -> int:
@@ -66,14 +40,6 @@ def exported(url, sid):
     status, data = call(url, "GET", f"/api/sessions/{sid}/export?format=ply")
     assert status == 200
     return ply_from_bytes(data)[0]
-
-
-def png(mask: np.ndarray) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(mask).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def test_box_sphere_brush_and_invert_select_what_they_say(server, asset_file):

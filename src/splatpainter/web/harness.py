@@ -135,3 +135,55 @@ def launch_chromium(playwright):
     return playwright.chromium.launch(
         executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True
     )
+
+
+# The view the HTTP tests draw and paint on (the server's render query parameters).
+TEST_VIEW = {"az": 30.0, "el": 20.0, "zoom": 1.0, "pan_x": 0.0, "pan_y": 0.0}
+
+
+def new_session(url: str) -> dict:
+    """A new session on the server at `url` (its JSON)."""
+    status, info = http_call(url, "POST", "/api/sessions")
+    if status != 200:
+        raise RuntimeError(f"POST /api/sessions answered {status}: {info}")
+    return info
+
+
+def server_frame(url: str, sid: str, size: int = 64, view: dict | None = None):
+    """The server's lossless frame [size, size, 3] uint8 of session `sid` at `view`."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    q = "&".join(f"{k}={v}" for k, v in (view or TEST_VIEW).items())
+    status, data = http_call(url, "GET", f"/api/sessions/{sid}/render?{q}&w={size}&h={size}")
+    if status != 200:
+        raise RuntimeError(f"render answered {status}: {data}")
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def png_data_url(img) -> str:
+    """A uint8 image as the PNG data URL the page sends."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def paint_body(url: str, sid: str, revision: int, method="backproject", size: int = 64) -> dict:
+    """An apply body: the session's frame at TEST_VIEW with a magenta square over its centre
+    quarter (on the object)."""
+    img = server_frame(url, sid, size).copy()
+    c, h = size // 2, size // 8
+    img[c - h : c + h, c - h : c + h] = (255, 0, 255)
+    return {
+        "view": {**TEST_VIEW, "width": size, "height": size},
+        "image": png_data_url(img),
+        "method": method,
+        "revision": revision,
+    }
