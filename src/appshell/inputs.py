@@ -186,3 +186,17 @@ def load_torch(path: str | os.PathLike[str], *, what: str = "torch file") -> Any
         if "Weights only load failed" in why:  # torch's advice to unpickle it unsafely
             why = "it holds objects a safe load refuses"
         raise InputFileError(f"{path}: not a readable {what} ({why})") from None
+
+
+def env_megabytes(name: str, default_mb: float) -> int:
+    """A size limit in bytes from the environment variable `name` (megabytes; 0 turns a cache
+    off); unset: the default; not a number: the default, with a warning naming the variable."""
+    import warnings
+
+    raw = os.environ.get(name, "")
+    try:
+        mb = float(raw) if raw else default_mb
+    except ValueError:
+        warnings.warn(f"{name}={raw!r} is not a number; using {default_mb}", stacklevel=3)
+        mb = default_mb
+    return max(0, int(mb * 1024 * 1024))

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from appshell.atomic import atomic_write_with, remove_stale_temps
-from appshell.inputs import InputFileError, load_torch
+from appshell.inputs import InputFileError, env_megabytes, load_torch
 
 CACHE_VERSION = 1  # bump when what Stage I or the graph computes changes
 ENTRY_FORMAT = "splatpainter-latent"
@@ -50,13 +50,7 @@ def default_cache_dir() -> Path:
 
 def default_max_bytes() -> int:
     """The size limit the environment names; an unreadable value is the default."""
-    raw = os.environ.get(SIZE_ENV, "")
-    try:
-        mb = float(raw) if raw else DEFAULT_MB
-    except ValueError:
-        warnings.warn(f"{SIZE_ENV}={raw!r} is not a number; using {DEFAULT_MB}", stacklevel=2)
-        mb = DEFAULT_MB
-    return max(0, int(mb * 1024 * 1024))
+    return env_megabytes(SIZE_ENV, DEFAULT_MB)
 
 
 def cache_key(*parts: str) -> str:

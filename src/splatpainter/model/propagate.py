@@ -28,14 +28,13 @@ the next edit recomputes only the chunks of edges where something they read has 
 
 from __future__ import annotations
 
-import os
 import threading
-import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from appshell.inputs import env_megabytes
 from splatpainter.model.graph import anchor_subsample, knn, nearest
 from splatpainter.model.layers import MLP
 
@@ -107,13 +106,7 @@ def build_graph(asset, k: int, anchors: int) -> SplatGraph:
 
 def affinity_cache_bytes() -> int:
     """The affinity cache's limit the environment names (0: off); unreadable: the default."""
-    raw = os.environ.get(AFFINITY_CACHE_ENV, "")
-    try:
-        mb = float(raw) if raw else AFFINITY_CACHE_DEFAULT_MB
-    except ValueError:
-        warnings.warn(f"{AFFINITY_CACHE_ENV}={raw!r} is not a number", stacklevel=2)
-        mb = AFFINITY_CACHE_DEFAULT_MB
-    return max(0, int(mb * 1024 * 1024))
+    return env_megabytes(AFFINITY_CACHE_ENV, AFFINITY_CACHE_DEFAULT_MB)
 
 
 @dataclass
