@@ -69,15 +69,18 @@ def _rss_mb() -> float:
 
 def history_mb(session, base) -> float:
     """MB a session's history holds beyond the loaded asset `base`: the tensors of the assets
-    its entries keep, shared ones once (edit/session.py keeps one asset per entry).  Resident
-    memory measures this only roughly: the allocator keeps freed blocks."""
+    its entries keep (shared ones once) and the changed rows the others keep (edit/session.py).
+    Resident memory measures this only roughly: the allocator keeps freed blocks."""
     seen = {t.untyped_storage().data_ptr() for t in base.tensors().values()}
     total = 0
     for e in session.entries:
-        for t in e.asset.tensors().values():
-            if t.untyped_storage().data_ptr() not in seen:
-                seen.add(t.untyped_storage().data_ptr())
-                total += t.untyped_storage().nbytes()
+        if e._asset is not None:
+            for t in e._asset.tensors().values():
+                if t.untyped_storage().data_ptr() not in seen:
+                    seen.add(t.untyped_storage().data_ptr())
+                    total += t.untyped_storage().nbytes()
+        elif e._delta is not None:
+            total += sum(sum(x.nbytes for x in r) for r in e._delta.rows.values())
     return total / 2**20
 
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 import struct
 import time
+import weakref
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,16 +55,161 @@ class SessionError(ValueError):
     """A session file that cannot be used with this method, or an impossible undo/redo."""
 
 
-@dataclass
-class HistoryEntry:
-    """One state of the session: the asset after an edit, the method state, and the edit."""
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+_BITS[torch.float64] = torch.int64
 
-    asset: Any
-    state: Any
-    views: list[EditView] = field(default_factory=list)
-    label: str = ""
-    seconds: float = 0.0
-    method: str = ""  # the method that made this entry ("" for load/reset entries)
+
+def _changed_row_mask(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """[N] bool: the rows of two same-shaped tensors that differ in any bit (-0.0 vs 0.0 and
+    NaN payloads included: a rebuilt row must be the very value)."""
+    if old.dtype in _BITS:
+        old, new = old.view(_BITS[old.dtype]), new.view(_BITS[new.dtype])
+    return (old != new).reshape(old.shape[0], -1).any(1)
+
+
+@dataclass
+class _RowDelta:
+    """What turns one asset into the next: per changed tensor its changed rows, with their
+    old and new values (both: the session steps either way, undo and redo)."""
+
+    rows: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+    @classmethod
+    def between(cls, prev: Any, cur: Any) -> _RowDelta | None:
+        """The delta from asset prev to cur; None when it is no smaller than cur's changed
+        tensors (a recolour changes every row) or shapes differ (a delete)."""
+        a, b = prev.tensors(), cur.tensors()
+        if a.keys() != b.keys():
+            return None
+        out, stored, whole = {}, 0, 0
+        for name, new in b.items():
+            old = a[name]
+            if old is new:
+                continue
+            if old.shape != new.shape or old.dtype != new.dtype or old.device != new.device:
+                return None
+            idx = _changed_row_mask(old, new).nonzero().squeeze(1)
+            if idx.numel():
+                out[name] = (idx, old[idx].clone(), new[idx].clone())
+                stored += 2 * out[name][1].numel() * new.element_size() + 8 * idx.numel()
+            whole += new.numel() * new.element_size()
+        return cls(out) if 2 * stored <= whole else None
+
+    def apply(self, asset: Any, forward: bool) -> Any:
+        """The next asset from the previous one (forward) or the previous from the next."""
+        if not self.rows:
+            return asset.replace()
+        changes = {}
+        for name, (idx, old, new) in self.rows.items():
+            t = getattr(asset, name).clone()
+            t[idx] = new if forward else old
+            changes[name] = t
+        return asset.replace(**changes)
+
+    def count(self) -> int:
+        """Gaussians whose values changed (as `asset_delta` counts them: by value, so a
+        -0.0 that became 0.0 is no change there)."""
+        moved = [
+            idx[(old != new).reshape(idx.numel(), -1).any(1)]
+            for idx, old, new in self.rows.values()
+        ]
+        return int(torch.unique(torch.cat(moved)).numel()) if moved else 0
+
+
+class HistoryEntry:
+    """One state of the session: the asset after an edit, the method state, and the edit.
+
+    Memory at capture scale: the session keeps its first and its current entry's assets;
+    every other entry keeps only the rows that changed from the entry before it (`_RowDelta`),
+    not a whole asset (a 500-Gaussian stroke on a 1M asset: kilobytes, not the ~48 MB of its
+    SH).  `asset` rebuilds it when asked; while anyone holds a rebuilt (or the original) asset
+    the entry returns that very object (a weak reference), so `entry.asset is x` still works.
+    An entry whose change is not worth a delta (a recolour, a delete) keeps its asset."""
+
+    def __init__(
+        self,
+        asset: Any,
+        state: Any,
+        views: list[EditView] | None = None,
+        label: str = "",
+        seconds: float = 0.0,
+        method: str = "",  # the method that made this entry ("" for load/reset entries)
+    ) -> None:
+        self.state = state
+        self.views = [] if views is None else views
+        self.label = label
+        self.seconds = seconds
+        self.method = method
+        self._asset: Any = asset  # None while kept as a delta
+        self._ref = weakref.ref(asset)
+        self._prev: HistoryEntry | None = None  # the entry the delta starts from
+        self._delta: _RowDelta | None = None
+        self._tried = False  # the delta was computed (None: not worth one)
+        self._next: weakref.WeakSet[HistoryEntry] = weakref.WeakSet()  # entries that follow
+
+    def __repr__(self) -> str:
+        kept = "asset" if self._asset is not None else "delta"
+        return f"HistoryEntry(label={self.label!r}, method={self.method!r}, {kept})"
+
+    @property
+    def asset(self) -> Any:
+        """The entry's asset (rebuilt from the nearest held entry before it if need be)."""
+        a = self._held()
+        if a is not None:
+            return a
+        chain, e = [], self
+        while a is None:  # back to an entry someone holds
+            if e._prev is None or e._delta is None:
+                raise RuntimeError("history entry lost its asset")  # (never: see _release)
+            chain.append(e)
+            e = e._prev
+            a = e._held()
+        for e in reversed(chain):
+            a = e._delta.apply(a, forward=True)
+            e._ref = weakref.ref(a)
+        return a
+
+    @asset.setter
+    def asset(self, value: Any) -> None:
+        for nxt in list(self._next):  # their deltas start from the asset replaced here
+            if nxt._prev is self:
+                nxt._hold()
+                nxt._delta, nxt._tried = None, False
+        self._asset = value
+        self._ref = weakref.ref(value)
+        self._delta, self._tried = None, False  # recomputed when the entry is released
+
+    def _held(self) -> Any:
+        """The asset if someone holds it (no rebuild), else None."""
+        return self._asset if self._asset is not None else self._ref()
+
+    def holds(self, asset: Any) -> bool:
+        """Whether `asset` is this entry's very asset object (no rebuild: cheap at 1M)."""
+        return self._held() is asset
+
+    def _link(self, prev: HistoryEntry | None) -> None:
+        """Follow `prev` (whose asset is at hand): the delta from it, for later release."""
+        self._prev = prev
+        self._delta = None if prev is None else _RowDelta.between(prev.asset, self.asset)
+        self._tried = prev is not None
+        if prev is not None:
+            prev._next.add(self)
+
+    def _hold(self) -> None:
+        """Keep the asset (the session's current and first entries)."""
+        if self._asset is None:
+            self._asset = self.asset
+
+    def _release(self) -> None:
+        """Keep only the delta, where there is one."""
+        if self._asset is None or self._prev is None:
+            return
+        if not self._tried:  # the asset was replaced after the edit
+            self._delta = _RowDelta.between(self._prev.asset, self._asset)
+            self._tried = True
+        if self._delta is not None:
+            self._ref = weakref.ref(self._asset)
+            self._asset = None
 
 
 # ---------------------------------------------------------------------- deltas (pure helpers)
@@ -499,6 +645,24 @@ class EditSession:
         self._entries = [HistoryEntry(asset, method.initial_state(asset), [], "load")]
         self._index = 0
 
+    def _settle(self) -> None:
+        """Hold the first and the current entry's assets; the others keep deltas (memory at
+        capture scale: see HistoryEntry).  A step of undo or redo rebuilds the new current
+        asset from its neighbour, which was current a moment ago."""
+        cur = self._entries[self._index]
+        if cur._asset is None:
+            nxt = self._entries[self._index + 1] if self._index + 1 < len(self._entries) else None
+            held = None if nxt is None else nxt._held()
+            if held is not None and nxt._prev is cur and nxt._delta is not None:
+                cur._asset = nxt._delta.apply(held, forward=False)  # one step back
+                cur._ref = weakref.ref(cur._asset)
+            else:
+                cur._hold()
+        self._entries[0]._hold()
+        for i, e in enumerate(self._entries):
+            if i and i != self._index:
+                e._release()
+
     # ------------------------------------------------------------------ properties
     @property
     def asset(self):
@@ -532,8 +696,10 @@ class EditSession:
 
     # ------------------------------------------------------------------ editing
     def _push(self, entry: HistoryEntry) -> None:
+        entry._link(self._entries[self._index])
         self._entries = [*self._entries[: self._index + 1], entry]
         self._index += 1
+        self._settle()
 
     def record(self, asset, label: str = "", method: str = "direct") -> None:
         """Add an asset made outside the edit methods (a selection's delete or exact colour
@@ -548,6 +714,7 @@ class EditSession:
     def rollback(self, mark: tuple[list[HistoryEntry], int]) -> None:
         """Back to a `mark`: an edit dropped after the fact (cancelled, failed, or a no-op)."""
         self._entries, self._index = mark
+        self._settle()
 
     def apply(
         self,
@@ -580,12 +747,14 @@ class EditSession:
         if not self.can_undo:
             raise SessionError("nothing to undo")
         self._index -= 1
+        self._settle()
         return self.asset
 
     def redo(self):
         if not self.can_redo:
             raise SessionError("nothing to redo")
         self._index += 1
+        self._settle()
         return self.asset
 
     def goto(self, index: int):
@@ -595,13 +764,17 @@ class EditSession:
         if not 0 <= index < len(self._entries):
             raise SessionError(f"no history entry {index}; there are {len(self._entries)}")
         self._index = index
+        self._settle()
         return self.asset
 
     def changed_gaussians(self, index: int) -> int:
         """How many Gaussians entry `index` changed relative to the entry before it."""
         if index == 0:
             return 0
-        prev, cur = self._entries[index - 1].asset, self._entries[index].asset
+        entry = self._entries[index]
+        if entry._delta is not None and entry._prev is self._entries[index - 1]:
+            return entry._delta.count()
+        prev, cur = self._entries[index - 1].asset, entry.asset
         if prev is cur:
             return 0
         delta = asset_delta(_asset_to_dict(prev), _asset_to_dict(cur))
@@ -644,8 +817,10 @@ class EditSession:
         # One packed record per view object: entries that share a view (a loaded file's shared
         # record) keep sharing it, so a save never outgrows what the session really holds.
         packed: dict[int, dict[str, Any]] = {}
+        held = None  # the asset before: the next entry's delta rebuilds from it
         for e in self._entries:
-            asset = _asset_to_dict(e.asset)
+            held = e.asset
+            asset = _asset_to_dict(held)
             state = m.state_to_dict(e.state)
             entries.append(
                 {
@@ -711,5 +886,8 @@ class EditSession:
                 )
         except (KeyError, TypeError, IndexError, RuntimeError, ValueError) as e:
             raise SessionError(f"{path}: damaged session file ({first_line(e)})") from None
+        for prev, e in zip(self._entries, self._entries[1:], strict=False):
+            e._link(prev)
         self._index = stored.index
+        self._settle()
         return self

@@ -641,7 +641,7 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
         see `viewport.colour_delta`); 409 `reload` when there is none: load asset.ply again."""
         session = store.get(sid).session
         new, old = session.asset, tokens.get(since)
-        if old is None or not any(e.asset is old for e in session.entries):
+        if old is None or not any(e.holds(old) for e in session.entries):
             detail = "the page's asset is not in this session's history; load asset.ply again"
             return JSONResponse({"detail": detail, "error": "reload"}, status_code=409)
         try:

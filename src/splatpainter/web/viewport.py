@@ -16,6 +16,7 @@ with 409, and the page falls back to a full load).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import struct
 import threading
@@ -50,14 +51,17 @@ class AssetTokens:
     """Numbers for the asset objects pages hold, so a page can say which one it has.
 
     Assets are immutable once in a session's history (an edit makes a new one), so an object
-    names one state exactly.  Weak references: a token never keeps an asset alive.
+    names one state exactly.  Weak references, except for the last `keep` assets named: the
+    session keeps only its current asset whole (older entries keep changed rows), and the asset
+    a page holds must outlive the edit after it for a colour delta (not a reload) to reach it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 8) -> None:
         self._lock = threading.Lock()
         self._count = itertools.count(1)
         self._by_token: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._by_id: dict[int, int] = {}
+        self._recent: collections.deque[Any] = collections.deque(maxlen=keep)
 
     def token(self, asset: Any) -> int:
         with self._lock:
@@ -66,6 +70,7 @@ class AssetTokens:
                 return t
             t = next(self._count)
             self._by_token[t] = asset
+            self._recent.append(asset)
             self._by_id[id(asset)] = t
             weakref.finalize(asset, self._forget, id(asset), t)
             return t
