@@ -54,6 +54,21 @@ def wait_ready(page, extra: str = "true") -> None:
     )
 
 
+def ensure_selection(page) -> int:
+    """A sphere selection where the view looks, unless the page has one: each test makes its
+    own state (pytest-xdist may run a module's tests on different workers, in any order)."""
+    if page.evaluate("sp.selected") == 0:
+        wait_ready(page)
+        page.select_option("#shape-kind", "sphere")
+        page.click("#shape-fit")
+        page.click("#select-shape")
+        page.wait_for_function(
+            "sp.selected > 0 && sp.selection && sp.selection.length === sp.selected"
+        )
+        wait_ready(page)
+    return page.evaluate("sp.selected")
+
+
 def fetch(url: str) -> bytes:
     with urllib.request.urlopen(url) as r:
         return r.read()
@@ -200,7 +215,7 @@ def test_hide_vanishes_the_selection_and_undo_restores_it(page, server, asset_fi
 
 
 def test_the_selection_survives_a_reload(page):
-    n = page.evaluate("sp.selected")
+    n = ensure_selection(page)
     assert n > 0
     indices = page.evaluate("Array.from(sp.selection)")
     page.reload()
@@ -214,8 +229,8 @@ def test_the_selection_survives_a_reload(page):
 def test_server_frames_tint_the_selection_but_edits_paint_on_the_plain_frame(server, page):
     """Without the WebGL library: the frames shown while orbiting have the selection tinted;
     a painting tool gets the plain frame, which is what an edit is composed on."""
+    assert ensure_selection(page) > 0
     sid = page.evaluate("sp.sid")
-    assert page.evaluate("sp.selected") > 0
     other = page.context.browser.new_page(viewport={"width": 1120, "height": 900})
     try:
         other.set_default_timeout(WAIT_MS)
