@@ -130,10 +130,11 @@ def chromium_missing() -> str | None:
     return None
 
 
-def launch_chromium(playwright):
-    """Headless Debian Chromium from a started `sync_playwright()`."""
+def launch_chromium(playwright, *extra_args: str):
+    """Headless Debian Chromium from a started `sync_playwright()` (extra command-line flags
+    after ours, e.g. a --host-resolver-rules for a rebound DNS name)."""
     return playwright.chromium.launch(
-        executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True
+        executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *extra_args], headless=True
     )
 
 
