@@ -57,6 +57,16 @@ def _median_s(fn, repeats: int) -> float:
     return statistics.median(_times_s(fn, repeats))
 
 
+def report(result: dict, as_json: bool) -> None:
+    """One JSON line, or one aligned "name: value" line per figure."""
+    if as_json:
+        print(json.dumps(result))
+        return
+    width = max(map(len, result))
+    for k, v in result.items():
+        print(f"{k:>{width}}: {v}")
+
+
 SCALE_GAUSSIANS = 200_000  # from here on: the capture-scale figures (see the module doc)
 SESSION_EDITS = 4  # edits applied in a session to measure what each one keeps
 
@@ -211,11 +221,7 @@ def at_scale(args, asset, view, tiles: int) -> None:
         "session_history_mb_per_further_edit": round(later_held_mb, 3),
         "peak_rss_mb": round(peak_mb, 1),
     }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:>44}: {v}")
+    report(result, args.json)
 
 
 def main() -> None:
@@ -328,11 +334,7 @@ def main() -> None:
         f"optimize_{args.optimize_steps}_steps_s": round(t_opt, 3),
         "peak_rss_mb": round(peak_mb, 1),
     }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:>28}: {v}")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

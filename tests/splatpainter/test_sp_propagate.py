@@ -62,6 +62,19 @@ def _sample(model, asset, signals, hint="auto"):
     return EditSample(lat, [view], signals, colors, hint)
 
 
+def _walk_inputs(model, asset, seen: torch.Tensor, level: float):
+    """(the editor's Stage II, the sample, and the walk's inputs) for an edit that changes the
+    `seen` Gaussians by `level` in every channel."""
+    n = asset.num_gaussians
+    sig = GaussianSignals(
+        level * seen[:, None].expand(n, 3), level * seen, seen, 2 * seen, 2 * seen
+    )
+    sample = _sample(model, asset, sig)
+    s2 = model.stage2
+    cand, _, per_gauss, normals, _ = s2._gaussian_inputs(sample)
+    return s2, sample, cand, per_gauss, normals
+
+
 def test_walk_never_reaches_a_part_of_the_graph_no_seen_gaussian_is_in():
     """Whatever the weights: the twin across the gap gets exactly zero walk, because the
     graph, not colour, carries the edit there."""
@@ -73,10 +86,7 @@ def test_walk_never_reaches_a_part_of_the_graph_no_seen_gaussian_is_in():
         torch.nn.init.normal_(p, std=0.5)
     seen = torch.zeros(n)
     seen[: n // 4] = 1.0  # a quarter of the first sphere
-    sig = GaussianSignals(0.3 * seen[:, None].expand(n, 3), 0.3 * seen, seen, 2 * seen, 2 * seen)
-    sample = _sample(model, asset, sig)
-    s2 = model.stage2
-    cand, _, per_gauss, normals, _ = s2._gaussian_inputs(sample)
+    s2, sample, cand, per_gauss, normals = _walk_inputs(model, asset, seen, 0.3)
     with torch.no_grad():
         z = s2._walk(sample, cand, per_gauss, normals)
     half = n // 2
@@ -148,10 +158,7 @@ def test_walk_in_chunks_equals_the_walk_at_once(monkeypatch):
     model = EditorModel(small_config(propagate=True, prop_anchors=150)).eval()
     seen = torch.zeros(n)
     seen[: n // 5] = 1.0
-    sig = GaussianSignals(0.2 * seen[:, None].expand(n, 3), 0.2 * seen, seen, 2 * seen, 2 * seen)
-    sample = _sample(model, asset, sig)
-    s2 = model.stage2
-    cand, _, per_gauss, normals, _ = s2._gaussian_inputs(sample)
+    s2, sample, cand, per_gauss, normals = _walk_inputs(model, asset, seen, 0.2)
     with torch.no_grad():
         whole = s2._walk(sample, cand, per_gauss, normals)
         monkeypatch.setattr(prop, "AFFINITY_ROWS", 97)  # chunks that do not divide n
