@@ -101,6 +101,19 @@ def test_cache_hit_miss_and_lru_eviction(tmp_path):
     assert off.get("a") is None and not (tmp_path / "e").exists()
 
 
+def test_a_background_write_is_waited_for_by_every_reader(tmp_path):
+    """put(wait=False) (what opening a large asset does) returns before the entry is on disk;
+    get, entries and a second put see it whole, and no temporary file stays behind."""
+    size = len(_saved(tmp_path, entry(200_000)))
+    cache = LatentCache(tmp_path / "c", max_bytes=int(1.5 * size))
+    cache.put("a", entry(200_000), wait=False)
+    got = cache.get("a")
+    assert got is not None and torch.equal(got["x"], entry(200_000)["x"])
+    cache.put("b", entry(200_000), wait=False)  # over the limit once written: a goes
+    assert [p.name for _, _, p in cache.entries()] == [cache.path("b").name]
+    assert cache.evictions == 1 and sorted(os.listdir(tmp_path / "c")) == [cache.path("b").name]
+
+
 def _saved(tmp_path, data) -> bytes:
     c = LatentCache(tmp_path / "probe", 1 << 30)
     c.put("k", data)
@@ -155,6 +168,7 @@ def test_reopening_an_asset_reads_its_latent_from_disk(tmp_path):
     third = editor()
     with pytest.warns(LatentCacheWarning):
         rebuilt = third.encode_asset(asset)
+    third.latent_cache.flush()  # (opening writes the entry in the background)
     assert torch.equal(rebuilt.gauss_feat, encoded.gauss_feat) and path.exists()
     other = make_demo_asset(2000, seed=4).asset
     fourth = editor()

@@ -2,11 +2,12 @@
 
 For a colour override c (one RGB per Gaussian) the rendered pixel is
 rgb_p = sum_g w_gp c_g + T_p * background, so the gradient of sum_p <rgb_p, t_p> with respect to
-c_g is sum_p w_gp t_p: one backward pass gives any weighted sum of a per-pixel quantity over each
-Gaussian's footprint, with the renderer's own visibility (occlusion, opacity) built in.  Per view:
+c_g is sum_p w_gp t_p: any weighted sum of a per-pixel quantity over each Gaussian's footprint,
+with the renderer's own visibility (occlusion, opacity) built in.  Per view one pass of
+`render.api.splat_sums` (all channels at once, the cost of about one render) with
 
-    pass 1, t_p = (m_p, m_p |r_p|, 1)  -> in-mask weight, in-mask |residual| mass, total weight
-    pass 2, t_p = m_p r_p              -> in-mask residual mass (RGB)
+    t_p = (m_p, m_p |r_p|, 1, m_p r_p)  -> in-mask weight, in-mask |residual| mass, total
+                                           weight, in-mask residual mass (RGB)
 
 where r = edited - render and |r| its max over channels.  Sums over all views, normalised, are the
 `GaussianSignals` that both the model (its gate and inputs) and back-projection use.
@@ -81,7 +82,7 @@ def gather_signals(
     (`GaussianSignals.solved`, see edit/solve.py) and fits the `fit_maps` ("affine", "shading":
     the latter needs the Gaussians' normals) to the views' pixels.
     """
-    from splatpainter.render import render
+    from splatpainter.render import render, splat_sums
 
     a = asset.detach()
     n = a.num_gaussians
@@ -91,25 +92,22 @@ def gather_signals(
     evidence = []
     for view in views:
         cam = view.camera.to(a.device)
-        with torch.no_grad():
-            # The plain render is what the user sees and edits; the colour-override render
-            # below can differ from it in the last bits, so residuals use this one.
+        with torch.no_grad():  # what the user sees and edits
             ref = render(a, cam, background=background).rgb
-        colors = current_colors(a, cam).detach().requires_grad_(True)
-        with torch.enable_grad():
-            rgb = render(a, cam, background=background, colors=colors).rgb
-            edited = view.image.to(ref)
-            mask = effective_mask(view, ref)
-            res = edited - ref
-            absres = res.abs().amax(-1)
-            t1 = torch.stack([mask, mask * absres, torch.ones_like(mask)], dim=-1)
-            (g1,) = torch.autograd.grad((rgb * t1).sum(), colors, retain_graph=True)
-            (g2,) = torch.autograd.grad((rgb * (mask[..., None] * res)).sum(), colors)
-        wm += g1[:, 0]
-        wa += g1[:, 1]
-        wt += g1[:, 2]
-        wr += g2
-        evidence.append(ViewEvidence(view, ref, mask, g1[:, 2] > 0))
+        edited = view.image.to(ref)
+        mask = effective_mask(view, ref)
+        res = edited - ref
+        absres = res.abs().amax(-1)
+        targets = torch.cat(
+            [torch.stack([mask, mask * absres, torch.ones_like(mask)], -1), mask[..., None] * res],
+            -1,
+        )
+        sums = splat_sums(a, cam, targets)  # [N, 6], one pass for all six
+        wm += sums[:, 0]
+        wa += sums[:, 1]
+        wt += sums[:, 2]
+        wr += sums[:, 3:]
+        evidence.append(ViewEvidence(view, ref, mask, sums[:, 2] > 0))
     has = wm > 0
     support = torch.where(wt > 0, wm / torch.where(wt > 0, wt, torch.ones_like(wt)), zeros)
     contributing = [ev.contributing for ev in evidence]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ class LatentCache:
         self.directory = Path(directory)
         self.max_bytes = int(max_bytes)
         self.hits = self.misses = self.evictions = self.rebuilds = 0
+        self._writes: list[threading.Thread] = []  # `put(..., wait=False)` still writing
+        self._lock = threading.Lock()
         remove_stale_temps(self.directory)  # of writes a killed process left
 
     @classmethod
@@ -85,6 +88,7 @@ class LatentCache:
         """The entry stored under key, or None (a miss; a corrupt entry is a warned miss)."""
         if not self.enabled:
             return None
+        self.flush()
         p = self.path(key)
         if not p.exists():
             self.misses += 1
@@ -113,23 +117,46 @@ class LatentCache:
         self.rebuilds += 1
         self.misses += 1
 
-    def put(self, key: str, data: dict[str, Any]) -> None:
+    def put(self, key: str, data: dict[str, Any], *, wait: bool = True) -> None:
         """Store an entry (atomically), then evict least recently used ones over the limit.
 
-        A failed write (full disk, read-only folder) is a warning: the cache is an optimisation,
-        never a reason for an edit to fail."""
+        wait=False writes in a background thread (not a daemon: the interpreter finishes it
+        before exiting), so that opening a large asset does not wait for ~300 MB to reach the
+        disk; every other method of the cache waits for it first.  `data` must not change
+        in place meanwhile.  A failed write (full disk, read-only folder) is a warning: the
+        cache is an optimisation, never a reason for an edit to fail."""
         if not self.enabled:
             return
+        if wait:
+            self._write(key, data)
+            return
+        t = threading.Thread(target=self._write, args=(key, data), name="latent-cache-write")
+        with self._lock:
+            self._writes.append(t)
+        t.start()
+
+    def flush(self) -> None:
+        """Wait for the background writes of `put(..., wait=False)`."""
+        with self._lock:
+            writes, self._writes = self._writes, []
+        for t in writes:
+            t.join()
+
+    def _write(self, key: str, data: dict[str, Any]) -> None:
         payload = {"format": ENTRY_FORMAT, "version": CACHE_VERSION, "key": key, "data": data}
         try:
             atomic_write_with(self.path(key), lambda f: torch.save(payload, f))
         except OSError as e:
             warnings.warn(f"latent cache not written ({e})", LatentCacheWarning, stacklevel=2)
             return
-        self.evict(keep=key)
+        self.evict(keep=key, flush=False)
 
     def entries(self) -> list[tuple[float, int, Path]]:
         """(last use, size, path) of every entry, least recently used first."""
+        self.flush()
+        return self._entries()
+
+    def _entries(self) -> list[tuple[float, int, Path]]:
         out = []
         for p in self.directory.glob(f"*{SUFFIX}"):
             with contextlib.suppress(OSError):
@@ -140,10 +167,10 @@ class LatentCache:
     def size_bytes(self) -> int:
         return sum(size for _, size, _ in self.entries())
 
-    def evict(self, keep: str | None = None) -> None:
+    def evict(self, keep: str | None = None, *, flush: bool = True) -> None:
         """Delete least recently used entries until the folder is within the limit (`keep`
         goes last: only when it alone is over the limit)."""
-        entries = self.entries()
+        entries = self.entries() if flush else self._entries()
         total = sum(size for _, size, _ in entries)
         kept = self.path(keep) if keep is not None else None
         order = [e for e in entries if e[2] != kept] + [e for e in entries if e[2] == kept]

@@ -10,7 +10,9 @@ early termination. The rules are stated once, in ``project.py``.
   far_plane=1e10, eps2d=0.3, radius_clip=0.0, rasterize_mode="classic") -> RenderOutput``;
   ``world_to_cam`` [C,4,4] renders a batch of cameras; ``colors`` [N,D] any channel count.
 - ``render(asset, camera, **same options) -> RenderOutput``
-- ``splat_weights(asset, camera, pixel_weights=None) -> [N]`` per-Gaussian compositing weight.
+- ``splat_weights(asset, camera, pixel_weights=None) -> [N]`` per-Gaussian compositing weight;
+  ``splat_sums(asset, camera, targets [H,W,C]) -> [N,C]`` any per-pixel values summed under
+  those weights (one forward-like pass on the numba backend).
 
 ``RenderOutput``: rgb [H,W,D], alpha [H,W], depth [H,W] (expected depth: alpha-normalised
 view-space z, 0 where alpha is 0), depth_accum [H,W] (accumulated depth), radii [N] (larger
@@ -30,7 +32,16 @@ from splatpainter.render.api import (
     RenderOutput,
     rasterize,
     render,
+    splat_sums,
     splat_weights,
 )
 
-__all__ = ["BACKENDS", "RenderError", "RenderOutput", "rasterize", "render", "splat_weights"]
+__all__ = [
+    "BACKENDS",
+    "RenderError",
+    "RenderOutput",
+    "rasterize",
+    "render",
+    "splat_sums",
+    "splat_weights",
+]

@@ -172,10 +172,11 @@ def gaussian_rows(hit, means2d, conics, colors, opacities, depths, alpha_min):  
 
 @njit(cache=True)
 def reduce_grads(slots, hit, grads, n_gaussians):  # pragma: no cover
-    """Sum per-intersection gradient rows per Gaussian, in a fixed (deterministic) order."""
-    out = np.zeros((n_gaussians, PACK), dtype=np.float32)
+    """Sum per-intersection rows (gradients, or any [M, C]) per Gaussian, in a fixed
+    (deterministic) order."""
+    out = np.zeros((n_gaussians, grads.shape[1]), dtype=np.float32)
     for m in range(slots.shape[0]):
         g = hit[slots[m]]
-        for k in range(PACK):
+        for k in range(grads.shape[1]):
             out[g, k] += grads[m, k]
     return out

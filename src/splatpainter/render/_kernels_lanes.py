@@ -204,6 +204,28 @@ def _gaussian(rows, g, x_lo, y_lo, x_hi, y_hi):  # pragma: no cover - compiled
             rows[g, 5], rows[g, 6], rows[g, 7], rows[g, 8], rows[g, 9])  # fmt: skip
 
 
+@njit(cache=True, inline="always")
+def _pixel_centres(xs, x_lo, n_runs):  # pragma: no cover - compiled
+    """xs[r, lane]: the x pixel centre of each lane of each run of the tile."""
+    for r in range(n_runs):
+        for ln in range(LANES):
+            xs[r, ln] = _F(x_lo + r * LANES + ln) + _HALF
+
+
+@njit(cache=True, inline="always")
+def _recount_live(st, live_q, nh, n_runs, live_rows):  # pragma: no cover - compiled
+    """Mark the tile rows with a pixel still live (row state column ``live_q``); their count."""
+    n_live = 0
+    for iy in range(nh):
+        any_live = _ZERO
+        for j in range(iy * n_runs, (iy + 1) * n_runs):
+            for ln in range(LANES):
+                any_live = max(any_live, st[j, live_q * LANES + ln])
+        live_rows[iy] = 1 if any_live > _ZERO else 0
+        n_live += live_rows[iy]
+    return n_live
+
+
 @njit(cache=True, fastmath=_FLAGS)
 def _fwd_tile(
     rows, ids, start, end, x_lo, y_lo, x_hi, y_hi, n_runs, thr, st, last, xs, live_rows
@@ -211,9 +233,7 @@ def _fwd_tile(
     """Composite one tile into ``st`` [rows * runs, NQ * LANES] and ``last`` (list ends)."""
     amax, amin, tmin = thr[0], thr[1], thr[2]
     nh = y_hi - y_lo
-    for r in range(n_runs):
-        for ln in range(LANES):
-            xs[r, ln] = _F(x_lo + r * LANES + ln) + _HALF
+    _pixel_centres(xs, x_lo, n_runs)
     for iy in range(nh):
         for r in range(n_runs):
             j = iy * n_runs + r
@@ -249,14 +269,7 @@ def _fwd_tile(
                 _fwd_run(st, j, last, xs, r, mx, dy, cdy, ca, cb, op,
                          cr, cg, cbl, dep, amax, amin, tmin, mi)  # fmt: skip
         if (m - start) % _CHECK == _CHECK - 1:  # stop early once every pixel has stopped
-            n_live = 0
-            for iy in range(nh):
-                any_live = _ZERO
-                for j in range(iy * n_runs, (iy + 1) * n_runs):
-                    for ln in range(LANES):
-                        any_live = max(any_live, st[j, _F_LIVE * LANES + ln])
-                live_rows[iy] = 1 if any_live > _ZERO else 0
-                n_live += live_rows[iy]
+            n_live = _recount_live(st, _F_LIVE, nh, n_runs, live_rows)
 
 
 @njit(parallel=True, cache=True)
@@ -372,9 +385,7 @@ def _bwd_tile(
     """Gradient rows of one tile's intersections (back to front from the last drawn one)."""
     amax, amin = thr[0], thr[1]
     nh = y_hi - y_lo
-    for r in range(n_runs):
-        for ln in range(LANES):
-            xs[r, ln] = _F(x_lo + r * LANES + ln) + _HALF
+    _pixel_centres(xs, x_lo, n_runs)
     max_last = start
     for iy in range(nh):
         row_end[iy] = start
@@ -468,3 +479,120 @@ def raster_backward(
                   last_idx, grad_rgb, grad_alpha, grad_depth, st, last, xs, acc, row_end,
                   grads)  # fmt: skip
     return grads
+
+
+# sums row state: transmittance, live (as the forward's)
+_S_T, _S_LIVE = range(2)
+_S_NQ = 2
+
+
+@njit(cache=True, inline="always")
+def _sum_run(
+    st, j, xs, r, tt, acc, wl, nc, mx, dy, cdy, ca, cb, op, amax, amin, tmin
+):  # pragma: no cover
+    """One Gaussian over one run of LANES pixels, front to back with the forward's rules:
+    its weights w = alpha T times the pixels' targets, added to ``acc`` [nc * LANES]."""
+    row = st[j]
+    xr = xs[r]
+    for ln in range(LANES):
+        dx = mx - xr[ln]
+        power = _power(ca, cb, dx, dy, cdy)
+        alpha = min(amax, op * _exp_neg(power))
+        t = row[_S_T * LANES + ln]
+        live = row[_S_LIVE * LANES + ln]
+        ok = (power <= _ZERO) & (alpha >= amin) & (live > _ZERO)
+        test_t = t * (_ONE - alpha)
+        term = ok & (test_t < tmin)
+        draw = ok & ~term
+        wl[ln] = alpha * t if draw else _ZERO
+        row[_S_T * LANES + ln] = test_t if draw else t
+        row[_S_LIVE * LANES + ln] = _ZERO if term else live
+    trow = tt[j]
+    for c in range(nc):
+        for ln in range(LANES):
+            acc[c * LANES + ln] += wl[ln] * trow[c * LANES + ln]
+
+
+@njit(cache=True, fastmath=_FLAGS)
+def _sum_tile(
+    rows, ids, start, end, x_lo, y_lo, x_hi, y_hi, n_runs, thr, targets, st, xs, tt, acc, wl,
+    live_rows, sums,
+):  # pragma: no cover  # fmt: skip
+    """Per-intersection sums of one tile (``raster_sums``)."""
+    amax, amin, tmin = thr[0], thr[1], thr[2]
+    nc = targets.shape[2]
+    nh = y_hi - y_lo
+    _pixel_centres(xs, x_lo, n_runs)
+    for iy in range(nh):
+        for r in range(n_runs):
+            j = iy * n_runs + r
+            for ln in range(LANES):
+                px = x_lo + r * LANES + ln
+                inside = px < x_hi
+                st[j, _S_T * LANES + ln] = _ONE
+                st[j, _S_LIVE * LANES + ln] = _ONE if inside else _ZERO
+                for c in range(nc):
+                    tt[j, c * LANES + ln] = targets[y_lo + iy, px, c] if inside else _ZERO
+        live_rows[iy] = 1
+    for k in range(nc * LANES):
+        acc[k] = _ZERO
+    n_live = nh
+    for m in range(start, end):
+        if n_live == 0:
+            break
+        g = ids[m]
+        if rows[g, 11] < 0.0:
+            continue
+        mx, my, y0, y1, r0, r1, ca, cb, cc, _, _, _, op, _ = _gaussian(
+            rows, g, x_lo, y_lo, x_hi, y_hi
+        )
+        touched = False
+        for py in range(y0, y1):
+            iy = py - y_lo
+            if live_rows[iy] == 0 or r1 <= r0:
+                continue
+            touched = True
+            dy = my - (_F(py) + _HALF)
+            cdy = cc * dy * dy
+            for r in range(r0, r1):
+                j = iy * n_runs + r
+                _sum_run(st, j, xs, r, tt, acc, wl, nc, mx, dy, cdy, ca, cb, op,
+                         amax, amin, tmin)  # fmt: skip
+        if touched:
+            for c in range(nc):
+                s = _ZERO
+                for ln in range(LANES):
+                    s += acc[c * LANES + ln]
+                    acc[c * LANES + ln] = _ZERO
+                sums[m, c] = s
+        if (m - start) % _CHECK == _CHECK - 1:  # as the forward: stop once every pixel has
+            n_live = _recount_live(st, _S_LIVE, nh, n_runs, live_rows)
+
+
+@njit(parallel=True, cache=True)
+def raster_sums(
+    rows, ids, offsets, width, height, tile, tiles_x, thr, targets, n_thr
+):  # pragma: no cover
+    """Per-intersection sums [M, C] of ``w_gp * targets[p]`` over each tile's pixels, with
+    the forward's compositing weights ``w_gp = alpha_gp T_gp`` (front to back, the same rules
+    and roundings): the gradient of ``sum_p <rgb_p, targets_p>`` with respect to a colour
+    override, in one forward-like pass for any number of channels instead of a render and a
+    backward pass per three of them."""
+    nc = targets.shape[2]
+    sums = np.zeros((ids.shape[0], nc), dtype=np.float32)
+    n_tiles = offsets.shape[0] - 1
+    n_runs = (tile + LANES - 1) // LANES
+    for k in prange(((n_tiles + n_thr - 1) // n_thr) * n_thr):
+        t = _interleaved_tile(k, n_tiles, n_thr)
+        if t < 0:
+            continue
+        x_lo, y_lo, x_hi, y_hi = _tile_box(t, tiles_x, tile, width, height)
+        st = np.empty((tile * n_runs, _S_NQ * LANES), dtype=np.float32)
+        xs = np.empty((n_runs, LANES), dtype=np.float32)
+        tt = np.empty((tile * n_runs, nc * LANES), dtype=np.float32)
+        acc = np.empty(nc * LANES, dtype=np.float32)
+        wl = np.empty(LANES, dtype=np.float32)
+        live_rows = np.empty(tile, dtype=np.int64)
+        _sum_tile(rows, ids, offsets[t], offsets[t + 1], x_lo, y_lo, x_hi, y_hi, n_runs, thr,
+                  targets, st, xs, tt, acc, wl, live_rows, sums)  # fmt: skip
+    return sums

@@ -260,9 +260,12 @@ def _unbatch(out: RenderOutput) -> RenderOutput:
     return RenderOutput(**{f.name: getattr(out, f.name)[0] for f in fields(RenderOutput)})
 
 
-def _render_one(gaussians, world_to_cam, K, width, height, bg, sh_degree, backend, opts, leaf=None):
-    """One camera through the numba or the reference stages.  leaf (a list): the composited
-    colours become a gradient leaf, appended to it (`render_and_weights`)."""
+def _render_one(
+    gaussians, world_to_cam, K, width, height, bg, sh_degree, backend, opts, weights=None
+):
+    """One camera through the numba or the reference stages.  weights (a list; numba, no
+    gradient): each Gaussian's compositing weight [N] is appended to it, from the render's
+    own binning (`render_and_weights`)."""
     means, quats, log_scales, opacity_logits, sh, colors = gaussians
     w2c = world_to_cam.to(device=means.device, dtype=means.dtype)
     if backend == "numba":
@@ -281,15 +284,15 @@ def _render_one(gaussians, world_to_cam, K, width, height, bg, sh_degree, backen
         colors = shade(means, sh, w2c, sh_degree, visible=proj.radii > 0)
     elif colors is None:
         colors = shade(means, sh, w2c, sh_degree)
-    if leaf is not None:
-        colors = colors.detach().requires_grad_(True)
-        leaf.append(colors)
     if proj.compensations is not None:
         opacities = opacities * proj.compensations.to(opacities)
-    rgb, alpha, depth_sum = raster(
-        proj.means2d, proj.conics, colors, opacities, proj.depths, proj.extents,
-        width, height, bg.to(means.device),
-    )  # fmt: skip
+    args = (proj.means2d, proj.conics, colors, opacities, proj.depths, proj.extents, width, height,
+            bg.to(means.device))  # fmt: skip
+    if weights is None:
+        rgb, alpha, depth_sum = raster(*args)
+    else:
+        rgb, alpha, depth_sum, w = nb.rasterize_and_weights_numba(*args)
+        weights.append(w.to(device=means.device, dtype=means.dtype))
     rgb, alpha, depth_sum = (
         x.to(device=means.device, dtype=means.dtype) for x in (rgb, alpha, depth_sum)
     )
@@ -349,40 +352,77 @@ def splat_weights(
     *,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Per-Gaussian compositing weight ``sum_p m_p w_gp`` [N] (m = pixel_weights [H,W] or 1).
-
-    Computed as the gradient of the rendered image w.r.t. a colour override, which is exactly
-    the sum of the Gaussian's alpha-blending weights over the (weighted) pixels.
-    """
-    n = asset.num_gaussians
-    colors = torch.zeros(n, 3, dtype=asset.means.dtype, device=asset.means.device)
-    colors.requires_grad_(True)
-    with torch.enable_grad():
-        out = render(asset.detach(), camera, backend=backend, colors=colors)
-        m = torch.ones_like(out.alpha) if pixel_weights is None else pixel_weights.to(out.alpha)
+    """Per-Gaussian compositing weight ``sum_p m_p w_gp`` [N] (m = pixel_weights [H,W] or 1):
+    the sum of the Gaussian's alpha-blending weights over the (weighted) pixels."""
+    h, w = int(camera.height), int(camera.width)
+    if pixel_weights is None:
+        m = asset.means.new_ones(h, w)
+    else:
+        m = pixel_weights
         _check(
-            tuple(m.shape) == tuple(out.alpha.shape),
-            f"pixel_weights must be [{camera.height},{camera.width}], got {tuple(m.shape)}",
+            isinstance(m, torch.Tensor) and tuple(m.shape) == (h, w),
+            f"pixel_weights must be [{h},{w}], got {tuple(getattr(m, 'shape', ()))}",
         )
-        (grad,) = torch.autograd.grad((out.rgb[..., 0] * m).sum(), colors)
-    return grad[:, 0]
+    return splat_sums(asset, camera, m[..., None], backend=backend)[:, 0]
+
+
+def splat_sums(
+    asset: GaussianAsset,
+    camera: Camera,
+    targets: torch.Tensor,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Per-Gaussian sums ``sum_p w_gp targets[p]`` [N, C] of per-pixel values targets [H,W,C]
+    under the asset's compositing weights w (occlusion and opacity included): the gradient of
+    ``sum_p <rgb_p, targets_p>`` with respect to a colour override.  The numba backend gets
+    all C channels from one forward-like pass (`_kernels_lanes.raster_sums`); the others
+    differentiate a render."""
+    a = asset.detach()
+    if backend == "auto":
+        backend = "gsplat" if a.means.is_cuda and gsplat_available() else "numba"
+    _check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    h, w = int(camera.height), int(camera.width)
+    _check(
+        isinstance(targets, torch.Tensor) and targets.dim() == 3 and targets.shape[:2] == (h, w),
+        f"targets must be [{h},{w},C], got {tuple(getattr(targets, 'shape', ()))}",
+    )
+    if backend != "numba":
+        colors = a.means.new_zeros(a.num_gaussians, targets.shape[2]).requires_grad_(True)
+        with torch.enable_grad():
+            out = render(a, camera, backend=backend, colors=colors)
+            (grad,) = torch.autograd.grad((out.rgb * targets.to(out.rgb)).sum(), colors)
+        return grad
+    from splatpainter.render import numba_backend as nb
+
+    _validate(
+        a.means, a.quats, a.log_scales, a.opacity_logits, a.sh, None, camera.world_to_cam,
+        camera.K(), w, h,
+    )  # fmt: skip
+    w2c = camera.world_to_cam.to(device=a.means.device, dtype=a.means.dtype)
+    opacities = torch.sigmoid(a.opacity_logits)
+    proj = nb.project_numba(
+        a.means, a.quats, a.log_scales, w2c, camera.K().to(a.means), w, h, opacities=opacities
+    )
+    sums = nb.splat_sums_numba(
+        proj.means2d, opacities, proj.conics, proj.depths, proj.extents, w, h, targets
+    )
+    return sums.to(device=a.means.device, dtype=a.means.dtype)
 
 
 def render_and_weights(
     asset: GaussianAsset, camera: Camera, *, backend: str = "auto"
 ) -> tuple[RenderOutput, torch.Tensor]:
-    """``(render(asset, camera), splat_weights(asset, camera))`` bit for bit, from one
-    projection and one forward raster instead of two: the render's own SH colours are the
-    gradient leaf (a colour's gradient is its compositing weight, whatever the colour), so
-    Stage I's preprocessing pays one forward pass per view at 1M Gaussians, not two."""
+    """``(render(asset, camera), splat_weights(asset, camera))`` bit for bit, without
+    gradients; on the numba backend from one projection and one binning, so that Stage I's
+    preprocessing views at 1M Gaussians pay for those once, not twice."""
     a = asset.detach()
     if backend == "auto":
         backend = "gsplat" if a.means.is_cuda and gsplat_available() else "numba"
-    if backend == "gsplat":
+    if backend != "numba":
         with torch.no_grad():
             out = render(a, camera, backend=backend)
         return out, splat_weights(a, camera, backend=backend)
-    _check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {BACKENDS}")
     max_deg, _ = _validate(
         a.means, a.quats, a.log_scales, a.opacity_logits, a.sh, None, camera.world_to_cam,
         camera.K(), int(camera.width), int(camera.height),
@@ -395,13 +435,10 @@ def render_and_weights(
         "antialiased": False,
     }
     gaussians = (a.means, a.quats, a.log_scales, a.opacity_logits, a.sh, None)
-    bg = _background(None, 3, 0, a.means)
-    leaf: list[torch.Tensor] = []
-    with torch.enable_grad():
+    weights: list[torch.Tensor] = []
+    with torch.no_grad():
         out = _render_one(
             gaussians, camera.world_to_cam, camera.K(), int(camera.width), int(camera.height),
-            bg, max_deg, backend, opts, leaf,
+            _background(None, 3, 0, a.means), max_deg, backend, opts, weights,
         )  # fmt: skip
-        (grad,) = torch.autograd.grad(out.rgb[..., 0].sum(), leaf[0])
-    detached = RenderOutput(**{f.name: getattr(out, f.name).detach() for f in fields(out)})
-    return detached, grad[:, 0]
+    return out, weights[0]

@@ -212,20 +212,32 @@ def bin_tiles(
     return offsets, slots, hit, tiles_x
 
 
+def _bins_and_rows(means2d, conics, colors: np.ndarray, opacities, depths, extents, w: int, h: int):
+    """``bin_tiles``' lists and the hit Gaussians' compositing rows (``gaussian_rows``)."""
+    offsets, ids, hit, tiles_x = bin_tiles(means2d, extents, depths, w, h)
+    rows = _kernels.gaussian_rows(
+        hit, _np32(means2d), _np32(conics), colors, _np32(opacities), _np32(depths),
+        float(project.ALPHA_MIN),
+    )  # fmt: skip
+    return offsets, ids, hit, tiles_x, rows
+
+
+def _sums(offsets, ids, hit, tiles_x, rows, w: int, h: int, targets: np.ndarray) -> torch.Tensor:
+    """[M, C] per-intersection sums of ``w_gp targets[p]`` (``reduce_grads`` sums them up)."""
+    sums = _kernels_lanes.raster_sums(
+        rows, ids, offsets, w, h, project.TILE, tiles_x, raster_thresholds(), targets,
+        numba.get_num_threads(),
+    )  # fmt: skip
+    return sums
+
+
 class _RasterizeNumba(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, depths, extents, background, w, h):
-        offsets, ids, hit, tiles_x = bin_tiles(means2d, extents, depths, w, h)
-        thr = raster_thresholds()
-        rows = _kernels.gaussian_rows(
-            hit,
-            _np32(means2d),
-            _np32(conics),
-            _np32(colors),
-            _np32(opacities),
-            _np32(depths),
-            float(project.ALPHA_MIN),
+        offsets, ids, hit, tiles_x, rows = _bins_and_rows(
+            means2d, conics, _np32(colors), opacities, depths, extents, w, h
         )
+        thr = raster_thresholds()
         bg = _np32(background)
         tile = project.TILE
         rgb, alpha, depth, final_t, last_idx = _kernels_lanes.raster_forward(
@@ -297,3 +309,52 @@ def rasterize_numba(
         alpha.to(device=device, dtype=dtype),
         depth.to(device=device, dtype=dtype),
     )
+
+
+def splat_sums_numba(
+    means2d: torch.Tensor,
+    opacities: torch.Tensor,
+    conics: torch.Tensor,
+    depths: torch.Tensor,
+    extents: torch.Tensor,
+    width: int,
+    height: int,
+    targets: torch.Tensor,
+) -> torch.Tensor:
+    """[N, C] float32: ``sum_p w_gp targets[p]`` with the compositing weights of the forward
+    raster (``_kernels_lanes.raster_sums``; no gradient)."""
+    n = means2d.shape[0]
+    bins = _bins_and_rows(
+        means2d, conics, np.zeros((n, 3), np.float32), opacities, depths, extents, width, height
+    )
+    sums = _sums(*bins, width, height, _np32(targets))
+    return torch.from_numpy(_kernels.reduce_grads(bins[1], bins[2], sums, n))
+
+
+def rasterize_and_weights_numba(
+    means2d: torch.Tensor,
+    conics: torch.Tensor,
+    colors: torch.Tensor,
+    opacities: torch.Tensor,
+    depths: torch.Tensor,
+    extents: torch.Tensor,
+    width: int,
+    height: int,
+    background: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rasterize_numba``'s three images of three colour channels and each Gaussian's
+    compositing weight [N] (``splat_sums_numba`` with targets 1), from one binning, without
+    gradients: a preprocessing view at 1M Gaussians bins them once, not twice."""
+    n = means2d.shape[0]
+    offsets, ids, hit, tiles_x, rows = _bins_and_rows(
+        means2d, conics, _np32(colors), opacities, depths, extents, width, height
+    )
+    rgb, alpha, depth, _, _ = _kernels_lanes.raster_forward(
+        rows, ids, offsets, width, height, project.TILE, tiles_x, _np32(background),
+        raster_thresholds(), numba.get_num_threads(),
+    )  # fmt: skip
+    ones = np.ones((height, width, 1), np.float32)
+    sums = _sums(offsets, ids, hit, tiles_x, rows, width, height, ones)
+    weights = _kernels.reduce_grads(ids, hit, sums, n)[:, 0]
+    return (torch.from_numpy(rgb), torch.from_numpy(alpha), torch.from_numpy(depth),
+            torch.from_numpy(weights))  # fmt: skip
