@@ -122,6 +122,21 @@ def exp_neg_array(x):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
+def _composite(ca, cb, dx, dy, cdy, op, t, live, amax, amin, tmin):  # pragma: no cover
+    """The front-to-back rules for one Gaussian at one pixel (offset dx, dy from its centre),
+    shared by every pass that composites: its weight w = alpha T, the pixel's transmittance
+    and live flag after it, and whether it was drawn."""
+    power = _power(ca, cb, dx, dy, cdy)
+    alpha = min(amax, op * _exp_neg(power))
+    ok = (power <= _ZERO) & (alpha >= amin) & (live > _ZERO)
+    test_t = t * (_ONE - alpha)
+    term = ok & (test_t < tmin)
+    draw = ok & ~term
+    w = alpha * t if draw else _ZERO
+    return w, (test_t if draw else t), (_ZERO if term else live), draw
+
+
+@njit(cache=True, inline="always")
 def _fwd_run(
     st, j, last, xs, r, mx, dy, cdy, ca, cb, op, cr, cg, cbl, dep, amax, amin, tmin, mi
 ):  # pragma: no cover
@@ -130,23 +145,17 @@ def _fwd_run(
     la = last[j]
     xr = xs[r]
     for ln in range(LANES):
-        dx = mx - xr[ln]
-        power = _power(ca, cb, dx, dy, cdy)
-        alpha = min(amax, op * _exp_neg(power))
-        t = row[_F_T * LANES + ln]
-        live = row[_F_LIVE * LANES + ln]
-        ok = (power <= _ZERO) & (alpha >= amin) & (live > _ZERO)
-        test_t = t * (_ONE - alpha)
-        term = ok & (test_t < tmin)
-        draw = ok & ~term
-        w = alpha * t if draw else _ZERO
+        w, t, live, draw = _composite(
+            ca, cb, mx - xr[ln], dy, cdy, op, row[_F_T * LANES + ln],
+            row[_F_LIVE * LANES + ln], amax, amin, tmin,
+        )  # fmt: skip
         row[_F_R * LANES + ln] += cr * w
         row[_F_G * LANES + ln] += cg * w
         row[_F_B * LANES + ln] += cbl * w
         row[_F_D * LANES + ln] += dep * w
-        row[_F_T * LANES + ln] = test_t if draw else t
+        row[_F_T * LANES + ln] = t
         la[ln] = mi if draw else la[ln]
-        row[_F_LIVE * LANES + ln] = _ZERO if term else live
+        row[_F_LIVE * LANES + ln] = live
 
 
 @njit(cache=True, inline="always")
@@ -495,18 +504,13 @@ def _sum_run(
     row = st[j]
     xr = xs[r]
     for ln in range(LANES):
-        dx = mx - xr[ln]
-        power = _power(ca, cb, dx, dy, cdy)
-        alpha = min(amax, op * _exp_neg(power))
-        t = row[_S_T * LANES + ln]
-        live = row[_S_LIVE * LANES + ln]
-        ok = (power <= _ZERO) & (alpha >= amin) & (live > _ZERO)
-        test_t = t * (_ONE - alpha)
-        term = ok & (test_t < tmin)
-        draw = ok & ~term
-        wl[ln] = alpha * t if draw else _ZERO
-        row[_S_T * LANES + ln] = test_t if draw else t
-        row[_S_LIVE * LANES + ln] = _ZERO if term else live
+        w, t, live, _ = _composite(
+            ca, cb, mx - xr[ln], dy, cdy, op, row[_S_T * LANES + ln],
+            row[_S_LIVE * LANES + ln], amax, amin, tmin,
+        )  # fmt: skip
+        wl[ln] = w
+        row[_S_T * LANES + ln] = t
+        row[_S_LIVE * LANES + ln] = live
     trow = tt[j]
     for c in range(nc):
         for ln in range(LANES):
