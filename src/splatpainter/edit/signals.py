@@ -38,14 +38,6 @@ class ViewEvidence:
         return self.mask[..., None] * (self.view.image.to(self.render) - self.render)
 
 
-def current_colors(asset, camera) -> torch.Tensor:
-    """The per-Gaussian RGB the renderer uses for this camera (SH evaluated, +0.5, clamped)."""
-    from splatpainter.render.project import sh_to_color
-
-    w2c = camera.world_to_cam.to(device=asset.means.device, dtype=asset.means.dtype)
-    return sh_to_color(asset.means, asset.sh, w2c, asset.sh_degree)
-
-
 def solve_from_evidence(
     asset, evidence: list[ViewEvidence], touched: torch.Tensor, *, iters: int, prior_px: float
 ) -> torch.Tensor:

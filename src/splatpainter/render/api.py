@@ -405,7 +405,7 @@ def splat_sums(
         a.means, a.quats, a.log_scales, w2c, camera.K().to(a.means), w, h, opacities=opacities
     )
     sums = nb.splat_sums_numba(
-        proj.means2d, opacities, proj.conics, proj.depths, proj.extents, w, h, targets
+        proj.means2d, proj.conics, opacities, proj.depths, proj.extents, w, h, targets
     )
     return sums.to(device=a.means.device, dtype=a.means.dtype)
 

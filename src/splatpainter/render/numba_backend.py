@@ -222,13 +222,14 @@ def _bins_and_rows(means2d, conics, colors: np.ndarray, opacities, depths, exten
     return offsets, ids, hit, tiles_x, rows
 
 
-def _sums(offsets, ids, hit, tiles_x, rows, w: int, h: int, targets: np.ndarray) -> torch.Tensor:
-    """[M, C] per-intersection sums of ``w_gp targets[p]`` (``reduce_grads`` sums them up)."""
+def _gaussian_sums(offsets, ids, hit, tiles_x, rows, w: int, h: int, targets, n: int):
+    """[n, C] float32 per-Gaussian sums of ``w_gp targets[p]`` over the binned Gaussians
+    (``raster_sums`` per intersection, then ``reduce_grads``)."""
     sums = _kernels_lanes.raster_sums(
         rows, ids, offsets, w, h, project.TILE, tiles_x, raster_thresholds(), targets,
         numba.get_num_threads(),
     )  # fmt: skip
-    return sums
+    return _kernels.reduce_grads(ids, hit, sums, n)
 
 
 class _RasterizeNumba(torch.autograd.Function):
@@ -313,8 +314,8 @@ def rasterize_numba(
 
 def splat_sums_numba(
     means2d: torch.Tensor,
-    opacities: torch.Tensor,
     conics: torch.Tensor,
+    opacities: torch.Tensor,
     depths: torch.Tensor,
     extents: torch.Tensor,
     width: int,
@@ -327,8 +328,7 @@ def splat_sums_numba(
     bins = _bins_and_rows(
         means2d, conics, np.zeros((n, 3), np.float32), opacities, depths, extents, width, height
     )
-    sums = _sums(*bins, width, height, _np32(targets))
-    return torch.from_numpy(_kernels.reduce_grads(bins[1], bins[2], sums, n))
+    return torch.from_numpy(_gaussian_sums(*bins, width, height, _np32(targets), n))
 
 
 def rasterize_and_weights_numba(
@@ -354,7 +354,6 @@ def rasterize_and_weights_numba(
         raster_thresholds(), numba.get_num_threads(),
     )  # fmt: skip
     ones = np.ones((height, width, 1), np.float32)
-    sums = _sums(offsets, ids, hit, tiles_x, rows, width, height, ones)
-    weights = _kernels.reduce_grads(ids, hit, sums, n)[:, 0]
+    weights = _gaussian_sums(offsets, ids, hit, tiles_x, rows, width, height, ones, n)[:, 0]
     return (torch.from_numpy(rgb), torch.from_numpy(alpha), torch.from_numpy(depth),
             torch.from_numpy(weights))  # fmt: skip
