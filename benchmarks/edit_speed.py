@@ -5,7 +5,10 @@ weights (or --weights), one edit view of --size x --size pixels (default 128): a
 (--kind paint, the default), or the whole asset recoloured (--kind recolor) or relit (--kind
 relight), which with weights trained for it also fit the colour maps to the view's pixels.
 Stage I is timed cold (cache cleared) per asset; a Stage II edit is `ModelMethod.apply` end to
-end (current render, compositing-weight signals, least-squares solve, network, write back).
+end (compositing-weight signals, least-squares solve, network, write back) as in the editor:
+the frame painted on was rendered when the user was shown it, and a second stroke from a view
+reuses its Gaussians' total weights (edit/signals.py); edit_s_new_view renders and sums both
+anew (a stroke from a view nothing is remembered of).
 Baselines are timed on the same edit.  Medians over --repeats after one warm-up (plus the best
 run and the process CPU seconds per Stage II edit: on a shared machine the wall-clock median
 includes other load, CPU seconds / threads is what an idle machine would take).
@@ -105,6 +108,17 @@ def tiled_demo(gaussians: int, tiles: int):
     return tiled_demo_asset(-(-gaussians // tiles), side)
 
 
+def apply_new_view(method, asset, view, state):
+    """An edit from a view nothing is remembered of: its frame rendered and its Gaussians'
+    total weights summed anew.  (`method.apply` alone, as in the editor, fits a stroke on the
+    frame the user was shown, and a second stroke from a view reuses its weights.)"""
+    from splatpainter.edit import signals
+
+    signals.SHOWN_FRAMES.clear()
+    signals.VIEW_WEIGHTS.clear()
+    return method.apply(asset, [view], state)
+
+
 def at_scale(args, asset, view, tiles: int) -> None:
     """Open (cold, then from the disk cache) and edit a large asset; print the figures."""
     import tempfile
@@ -171,6 +185,9 @@ def at_scale(args, asset, view, tiles: int) -> None:
     edit_times = _times_s(lambda: method.apply(asset, [view], state), args.repeats)
     cpu_edit = (time.process_time() - cpu0) / (args.repeats + 1)
     t_edit = statistics.median(edit_times)
+    t_new_view = statistics.median(
+        _times_s(lambda: apply_new_view(method, asset, view, state), args.repeats)
+    )
     # A non-local edit reuses the asset's edge affinities from the edit before (the same asset
     # here); the first edit on an asset, or one after an edit that changed every colour (a
     # session of recolours), computes them: "cold", with the affinity cache emptied first.
@@ -214,6 +231,7 @@ def at_scale(args, asset, view, tiles: int) -> None:
         "latent_cache_entry_mb": round(entry_mb, 1),
         "edit_s": round(t_edit, 3),
         "edit_s_best": round(min(edit_times), 3),
+        "edit_s_new_view": round(t_new_view, 3),
         "edit_cpu_s": round(cpu_edit, 3),
         **cold,
         **{f"edit_{k}_s": round(v, 3) for k, v in stages.items()},
@@ -222,6 +240,7 @@ def at_scale(args, asset, view, tiles: int) -> None:
         "walk_subgraph_gaussians": subgraph,
         "render_512_s": round(t_render, 3),
         "edit_over_render_512": round(t_edit / t_render, 2),
+        "new_view_edit_over_render_512": round(t_new_view / t_render, 2),
         f"session_rss_mb_per_edit_over_{SESSION_EDITS}": round(per_edit_mb, 1),
         "session_rss_mb_per_further_edit": round(later_mb, 1),
         f"session_history_mb_after_{SESSION_EDITS}": round(held_mb, 2),
@@ -296,6 +315,9 @@ def main() -> None:
     edit_times = _times_s(lambda: method.apply(asset, [view], state), args.repeats)
     cpu_edit = (time.process_time() - cpu0) / (args.repeats + 1)
     t_edit = statistics.median(edit_times)
+    t_new_view = statistics.median(
+        _times_s(lambda: apply_new_view(method, asset, view, state), args.repeats)
+    )
     new, _ = method.apply(asset, [view], state)
     changed = int((new.sh != asset.sh).flatten(1).any(1).sum())
 
@@ -332,6 +354,7 @@ def main() -> None:
         "stage1_s_per_asset": round(t_stage1, 3),
         "stage2_s_per_edit": round(t_edit, 3),
         "stage2_s_per_edit_best": round(min(edit_times), 3),
+        "stage2_s_per_edit_new_view": round(t_new_view, 3),
         "stage2_cpu_s_per_edit": round(cpu_edit, 3),
         "stage2_network_s": round(t_net, 3),
         "stage2_signals_s": round(t_signals, 3),

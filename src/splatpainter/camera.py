@@ -175,7 +175,10 @@ class Camera:
 
     def cropped(self, x0: int, y0: int, width: int, height: int) -> Camera:
         """The pixels [y0, y0 + height) x [x0, x0 + width) of this view, as a camera of their own
-        (same rays, so a render of it equals that window of this camera's render)."""
+        (same rays).  A render of it equals that window of this camera's render except where a
+        Gaussian centred more than 0.3x the crop's half field of view outside it reaches in:
+        the projection clamps its Jacobian at the camera's own field of view (gsplat's rule),
+        so such a Gaussian is drawn slightly differently (~1e-3 in colour)."""
         if not (x0 >= 0 and y0 >= 0 and width >= 1 and height >= 1):
             raise CameraError(f"crop window ({x0}, {y0}, {width}, {height}) is empty or negative")
         if x0 + width > self.width or y0 + height > self.height:

@@ -144,6 +144,22 @@ def test_the_edit_is_fitted_on_the_exact_pixels_of_the_frame(client):
     assert info["history"][1]["changed_gaussians"] > 0
 
 
+def test_the_frame_painted_on_is_not_rendered_again_for_the_edit(client):
+    """The apply fits the edit on the frame the server showed for that view (remembered, see
+    edit/signals.py), and the next frame, of the edited asset, is rendered anew."""
+    from splatpainter.edit import signals
+
+    sid = new_session(client)
+    base = frame(client, sid)
+    hits, misses = signals.SHOWN_FRAMES.hits, signals.SHOWN_FRAMES.misses
+    r = apply(client, sid, painted(base), method="model")
+    assert r.status_code == 200 and r.json()["changed"], r.text
+    assert signals.SHOWN_FRAMES.hits == hits + 1
+    assert signals.SHOWN_FRAMES.misses == misses
+    assert not np.array_equal(frame(client, sid), base)
+    assert signals.SHOWN_FRAMES.misses == misses + 1
+
+
 def test_history_reset_goto_and_export(client, asset_file):
     sid = new_session(client)
     before = frame(client, sid)

@@ -6,8 +6,13 @@ c_g is sum_p w_gp t_p: any weighted sum of a per-pixel quantity over each Gaussi
 with the renderer's own visibility (occlusion, opacity) built in.  Per view one pass of
 `render.api.splat_sums` (all channels at once, the cost of about one render) with
 
-    t_p = (m_p, m_p |r_p|, 1, m_p r_p)  -> in-mask weight, in-mask |residual| mass, total
-                                           weight, in-mask residual mass (RGB)
+    t_p = (m_p, m_p |r_p|, m_p r_p)  -> in-mask weight, in-mask |residual| mass, in-mask
+                                        residual mass (RGB)
+
+over the mask's box of pixels alone (the targets are zero outside it), and t_p = 1 over the
+whole view for the total weight, which depends on the geometry only: it is remembered
+(`VIEW_WEIGHTS`) through a session of colour edits, as is the frame the user painted on
+(`SHOWN_FRAMES`).
 
 where r = edited - render and |r| its max over channels.  Sums over all views, normalised, are the
 `GaussianSignals` that both the model (its gate and inputs) and back-projection use.
@@ -21,6 +26,59 @@ import torch
 
 from splatpainter.edit.views import EditView, effective_mask
 from splatpainter.model.stage2 import GaussianSignals
+from splatpainter.render.memo import ViewMemo
+
+# Each view's total compositing weight per Gaussian [N]: geometry and camera only, so it holds
+# through a session of colour edits from one view.
+VIEW_WEIGHTS = ViewMemo(entries=4)
+# The frames shown to the user (`shown_frame`): an edit painted on one is fitted on it.
+SHOWN_FRAMES = ViewMemo(entries=4)
+
+
+def _geometry(asset) -> list[torch.Tensor]:
+    return [asset.means, asset.quats, asset.log_scales, asset.opacity_logits]
+
+
+def _frame_key(asset, background) -> tuple[list[torch.Tensor], tuple[float, ...]]:
+    bg = () if background is None else tuple(torch.as_tensor(background).flatten().tolist())
+    return [*_geometry(asset), asset.sh], bg
+
+
+def shown_frame(asset, camera, background=(0.0, 0.0, 0.0)) -> torch.Tensor:
+    """render(asset, camera).rgb [H, W, 3] (no gradient), remembered: an edit painted on this
+    frame (`gather_signals` with the same asset, camera and background) is fitted on it
+    without rendering it again."""
+    from splatpainter.render import render
+
+    tensors, bg = _frame_key(asset, background)
+    rgb = SHOWN_FRAMES.get(tensors, camera, bg)
+    if rgb is None:
+        with torch.no_grad():
+            rgb = render(asset.detach(), camera, background=background).rgb
+        SHOWN_FRAMES.put(tensors, camera, rgb, bg)
+    return rgb
+
+
+def view_weights(asset, camera) -> torch.Tensor:
+    """Each Gaussian's total compositing weight in the view [N] (`splat_weights`), remembered
+    while the asset's geometry stays the same."""
+    from splatpainter.render import splat_weights
+
+    geometry = _geometry(asset)
+    wt = VIEW_WEIGHTS.get(geometry, camera)
+    if wt is None:
+        wt = splat_weights(asset.detach(), camera)
+        VIEW_WEIGHTS.put(geometry, camera, wt)
+    return wt
+
+
+def _mask_box(mask: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """(x0, y0, x1, y1), inclusive: the box of the pixels with mask > 0 (None: none)."""
+    pix = (mask > 0).nonzero()
+    if pix.numel() == 0:
+        return None
+    (y0, x0), (y1, x1) = pix.min(0).values.tolist(), pix.max(0).values.tolist()
+    return x0, y0, x1, y1
 
 
 @dataclass
@@ -74,7 +132,7 @@ def gather_signals(
     (`GaussianSignals.solved`, see edit/solve.py) and fits the `fit_maps` ("affine", "shading":
     the latter needs the Gaussians' normals) to the views' pixels.
     """
-    from splatpainter.render import render, splat_sums
+    from splatpainter.render import splat_sums
 
     a = asset.detach()
     n = a.num_gaussians
@@ -84,22 +142,24 @@ def gather_signals(
     evidence = []
     for view in views:
         cam = view.camera.to(a.device)
-        with torch.no_grad():  # what the user sees and edits
-            ref = render(a, cam, background=background).rgb
+        ref = shown_frame(asset, cam, background)  # what the user sees and edits
         edited = view.image.to(ref)
         mask = effective_mask(view, ref)
-        res = edited - ref
-        absres = res.abs().amax(-1)
-        targets = torch.cat(
-            [torch.stack([mask, mask * absres, torch.ones_like(mask)], -1), mask[..., None] * res],
-            -1,
-        )
-        sums = splat_sums(a, cam, targets)  # [N, 6], one pass for all six
-        wm += sums[:, 0]
-        wa += sums[:, 1]
-        wt += sums[:, 2]
-        wr += sums[:, 3:]
-        evidence.append(ViewEvidence(view, ref, mask, sums[:, 2] > 0))
+        total = view_weights(asset, cam)
+        wt += total
+        box = _mask_box(mask)
+        if box is not None:  # the in-mask sums, from the mask's box alone (zero outside it)
+            x0, y0, x1, y1 = box
+            crop = (slice(y0, y1 + 1), slice(x0, x1 + 1))
+            m, res = mask[crop], (edited - ref)[crop]
+            targets = torch.cat(
+                [torch.stack([m, m * res.abs().amax(-1)], -1), m[..., None] * res], -1
+            )
+            sums = splat_sums(a, cam.cropped(x0, y0, x1 - x0 + 1, y1 - y0 + 1), targets)  # [N, 5]
+            wm += sums[:, 0]
+            wa += sums[:, 1]
+            wr += sums[:, 2:]
+        evidence.append(ViewEvidence(view, ref, mask, total > 0))
     has = wm > 0
     support = torch.where(wt > 0, wm / torch.where(wt > 0, wt, torch.ones_like(wt)), zeros)
     contributing = [ev.contributing for ev in evidence]

@@ -131,18 +131,28 @@ def _reach_pass(asset_v, camera, ones: torch.Tensor):
     every channel), the box ((y0, x0), (y1, x1)) of the pixels A 1_S reaches (None: none), and
     each Gaussian's compositing weight inside that box [n]).  A render's channels are
     independent (and the kernels composite three at a time), so channel 0 is what a render of
-    1_S gives, and the third channel comes at no extra pass."""
+    1_S gives, and the third channel comes at no extra pass.  The pass renders only the box
+    the Gaussians of S are drawn in (`footprint_box`): outside it A 1_S is zero, and at
+    capture scale a stroke's box is a small part of the view."""
+    from splatpainter.render import footprint_box
+
+    zeros = ones.new_zeros(ones.shape[0])
+    fbox = footprint_box(asset_v.subset(ones[:, 0] > 0), camera)
+    if fbox is None:
+        return ones.new_zeros(ones.shape), None, zeros
+    fx0, fy0, fx1, fy1 = fbox
+    crop = camera.cropped(fx0, fy0, fx1 - fx0 + 1, fy1 - fy0 + 1)
     x = torch.stack([ones[:, 0], ones[:, 0], torch.ones_like(ones[:, 0])], -1)
     x.requires_grad_(True)
     with torch.enable_grad():
-        out = _render_linear(asset_v, camera, x)
+        out = _render_linear(asset_v, crop, x)
         pix = (out[..., 0].detach() > 0).nonzero()
         box = None
         inside = torch.zeros_like(out[..., 2].detach())
         if pix.numel():
             (y0, x0), (y1, x1) = pix.min(0).values.tolist(), pix.max(0).values.tolist()
-            box = ((y0, x0), (y1, x1))
             inside[y0 : y1 + 1, x0 : x1 + 1] = 1.0
+            box = ((y0 + fy0, x0 + fx0), (y1 + fy0, x1 + fx0))
         loss = 0.5 * (out[..., 0] ** 2).sum() + (out[..., 2] * inside).sum()
         (g,) = torch.autograd.grad(loss, x)
     return g[:, :1].expand(-1, 3), box, g[:, 2]

@@ -12,7 +12,8 @@ early termination. The rules are stated once, in ``project.py``.
 - ``render(asset, camera, **same options) -> RenderOutput``
 - ``splat_weights(asset, camera, pixel_weights=None) -> [N]`` per-Gaussian compositing weight;
   ``splat_sums(asset, camera, targets [H,W,C]) -> [N,C]`` any per-pixel values summed under
-  those weights (one forward-like pass on the numba backend).
+  those weights (one forward-like pass on the numba backend); ``footprint_box(asset, camera)``
+  the pixel box every drawn Gaussian stays in (a crop of it renders them all).
 
 ``RenderOutput``: rgb [H,W,D], alpha [H,W], depth [H,W] (expected depth: alpha-normalised
 view-space z, 0 where alpha is 0), depth_accum [H,W] (accumulated depth), radii [N] (larger
@@ -30,6 +31,7 @@ from splatpainter.render.api import (
     BACKENDS,
     RenderError,
     RenderOutput,
+    footprint_box,
     rasterize,
     render,
     splat_sums,
@@ -40,6 +42,7 @@ __all__ = [
     "BACKENDS",
     "RenderError",
     "RenderOutput",
+    "footprint_box",
     "rasterize",
     "render",
     "splat_sums",

@@ -410,6 +410,36 @@ def splat_sums(
     return sums.to(device=a.means.device, dtype=a.means.dtype)
 
 
+def footprint_box(
+    asset: GaussianAsset, camera: Camera, *, margin: int = 1
+) -> tuple[int, int, int, int] | None:
+    """(x0, y0, x1, y1), inclusive: a pixel box holding every pixel where some Gaussian of
+    `asset` is drawn (its opacity-aware box, the projection rules every backend shares),
+    widened by `margin` pixels against rounding and clipped to the image; None when no
+    Gaussian is drawn.  A render or sums pass of `camera.cropped` to it then sees all of them."""
+    a = asset.detach()
+    w, h = int(camera.width), int(camera.height)
+    if a.num_gaussians == 0:
+        return None
+    with torch.no_grad():
+        p = project_gaussians(
+            a.means, a.quats, a.log_scales, camera.world_to_cam.to(a.means), camera.K().to(a.means),
+            w, h, opacities=torch.sigmoid(a.opacity_logits),
+        )  # fmt: skip
+        drawn = p.radii > 0
+        if not bool(drawn.any()):
+            return None
+        m = p.means2d[drawn].to(torch.float64)
+        ext = p.extents[drawn].to(torch.float64)
+        lo = torch.floor(m - ext).min(0).values - margin
+        hi = torch.ceil(m + ext).max(0).values + margin
+    x0, y0 = max(0, int(lo[0])), max(0, int(lo[1]))
+    x1, y1 = min(w - 1, int(hi[0])), min(h - 1, int(hi[1]))
+    if x0 > x1 or y0 > y1:
+        return None
+    return x0, y0, x1, y1
+
+
 def render_and_weights(
     asset: GaussianAsset, camera: Camera, *, backend: str = "auto"
 ) -> tuple[RenderOutput, torch.Tensor]:

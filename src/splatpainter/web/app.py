@@ -160,6 +160,7 @@ class EditorBackend:
 
     def render(self, live, view: OrbitView, highlight: bool = False) -> torch.Tensor:
         """The view of the current asset; `highlight`: the selection tinted (see `tinted`)."""
+        from splatpainter.edit.signals import shown_frame
         from splatpainter.render import render
 
         cam = orbit_camera(view, live.centre, live.radius)
@@ -170,8 +171,11 @@ class EditorBackend:
             if cached is None or cached[0] is not asset or cached[1] is not sel:
                 cached = live.tint_cache = (asset, sel, tinted(asset, sel))
             asset = cached[2]
+        bg = live.session.method.background
         with self.render_slots, torch.no_grad():
-            return render(asset, cam, background=live.session.method.background).rgb
+            if asset is live.session.asset:  # a frame the user may paint on: remembered
+                return shown_frame(asset, cam, bg)
+            return render(asset, cam, background=bg).rgb
 
     def warm_up(self) -> None:
         """Compile (first run) or load the cached render kernels before the first request."""
