@@ -1,5 +1,6 @@
 """Edit data with 3D ground truth, the training config, the trainer (resume, loss goes down)."""
 
+import hashlib
 import itertools
 import json
 import shutil
@@ -346,8 +347,12 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
     from splatpainter.model.editor import DEFAULT_WEIGHTS, load_weights
 
     cfg = load_config(ROOT / "configs" / "splatpainter" / "editor.toml")
-    assert [p.name for p in cfg.phases] == ["base", "solve", "maps", "propagate"]
+    assert [p.name for p in cfg.phases] == ["base", "solve", "maps", "propagate", "gate"]
+    assert cfg.phases[-1].config.loss.unseen_gate_bce > 0
     shipped = load_weights(DEFAULT_WEIGHTS)
     assert shipped.trained
     assert shipped.config == cfg.phases[-1].config.model
     assert shipped.config.stage2.signal_settings().fit_maps
+    # the config's comment records the shipped file's sha256
+    digest = hashlib.sha256(Path(DEFAULT_WEIGHTS).read_bytes()).hexdigest()
+    assert f"#   {digest}" in (ROOT / "configs" / "splatpainter" / "editor.toml").read_text()

@@ -133,3 +133,34 @@ def test_shipped_configs_train_every_term(name):
     cfg = load_config(TINY.parent / name)
     assert all(getattr(cfg.loss, k) > 0 for k in PARTS), cfg.loss
     assert cfg.data.loss_views >= 1 and cfg.data.num_heldout >= cfg.data.loss_views
+
+
+def test_unseen_gate_term_is_the_two_means_cross_entropy():
+    """unseen_gate_loss: zero where the gate is the target on the unseen Gaussians, 2 log 2 at
+    an undecided gate, and blind to the seen ones."""
+    from splatpainter.train.loop import unseen_gate_loss
+
+    want = torch.tensor([True, False, True, False, True, False])
+    unseen = torch.tensor([True, True, True, True, False, False])
+    right = torch.where(want, 1.0, 0.0)
+    right[4:] = torch.tensor([0.0, 1.0])  # the seen ones wrong: no matter
+    assert float(unseen_gate_loss(right, want, unseen)) == pytest.approx(0.0, abs=1e-5)
+    half = torch.full((6,), 0.5)
+    assert float(unseen_gate_loss(half, want, unseen)) == pytest.approx(2 * math.log(2), rel=1e-6)
+    # the unchanged unseen Gaussians are a mean of their own: one of two at 0.5 gives log(2) / 2
+    lopsided = right.clone()
+    lopsided[1] = 0.5
+    got = float(unseen_gate_loss(lopsided, want, unseen))
+    assert got == pytest.approx(math.log(2) / 2, rel=1e-5)
+
+
+def test_unseen_gate_weight_adds_its_term_to_the_loss(setup):
+    """With loss.unseen_gate_bce > 0 the total grows by a positive amount proportional to it
+    (the same sequence, the same hint draws), and the logged parts do not change."""
+    cfg, ex, model = setup
+    base, parts = _loss(cfg, ex, model)
+    one, parts1 = _loss(_with(cfg, unseen_gate_bce=1.0), ex, model)
+    two, _ = _loss(_with(cfg, unseen_gate_bce=2.0), ex, model)
+    assert parts1 == parts
+    assert float(one - base) > 0
+    assert float(two - base) == pytest.approx(2 * float(one - base), rel=1e-4)

@@ -142,6 +142,9 @@ class LossConfig:
     # rendered error on the changed pixels (edit + held-out views)
     render_changed: float = limited(0.5, ge=0)
     render_unchanged: float = limited(0.5, ge=0)  # ... and on the unchanged pixels
+    # Binary cross-entropy of the gate against "changed" on the Gaussians no edit view sees
+    # (changed and unchanged as two means): there the gate alone decides where the edit goes.
+    unseen_gate_bce: float = limited(0.0, ge=0)
 
     def __post_init__(self) -> None:
         if self.form not in ("log", "mse"):

@@ -140,10 +140,28 @@ def sequence_loss(
             + lc.render_changed * terms[2]
             + lc.render_unchanged * terms[3]
         )
+        if lc.unseen_gate_bce > 0:
+            unseen = sample.signals.in_mask_weight <= 0
+            # a global map is applied everywhere (where it changes nothing, the gate is moot)
+            want = torch.ones_like(changed) if step["kind"] in GATE_OPEN_KINDS else changed
+            loss = loss + lc.unseen_gate_bce * unseen_gate_loss(deltas[0]["gate"], want, unseen)
         total = total + loss
         for name, v in zip(parts, (g_c, g_u, r_c, r_u), strict=True):
             parts[name] += float(v.detach())
     return total, parts
+
+
+GATE_OPEN_KINDS = ("global", "relight")  # kinds whose gate is open on every Gaussian
+
+
+def unseen_gate_loss(
+    gate: torch.Tensor, changed: torch.Tensor, unseen: torch.Tensor
+) -> torch.Tensor:
+    """Binary cross-entropy of the gate on the unseen Gaussians, the changed and the unchanged
+    ones as two means (LossConfig.unseen_gate_bce)."""
+    g = gate.clamp(1e-6, 1 - 1e-6)
+    on = _masked_mean(-g.log(), unseen & changed)
+    return on + _masked_mean(-(1 - g).log(), unseen & ~changed)
 
 
 def grow_state(source: EditorModel, model: EditorModel, where: str) -> dict[str, torch.Tensor]:
