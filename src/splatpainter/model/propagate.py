@@ -29,7 +29,8 @@ the next edit recomputes only the chunks of edges where something they read has 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -63,13 +64,17 @@ class SplatGraph:
     up_dist: torch.Tensor  # [N, UP_NEIGHBOURS]
     points: torch.Tensor  # [N, 3] centres in the asset's unit frame (centre 0, side 1)
     attrs: torch.Tensor  # [N, NODE_ATTRS] scale-free shape and appearance of each Gaussian
+    # A restricted edit's subgraph (model/restricted.py) holds only some of an anchor's
+    # Gaussians: it carries the whole asset's Gaussian count per anchor [M] (not a field: a
+    # graph's own counts follow from up_idx).
+    home_count: ClassVar[torch.Tensor | None] = None
 
     def to_dict(self) -> dict[str, torch.Tensor]:
-        return {k: getattr(self, k).cpu() for k in self.__dataclass_fields__}
+        return {f.name: getattr(self, f.name).cpu() for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, torch.Tensor], device="cpu") -> SplatGraph:
-        return cls(**{k: d[k].to(device) for k in cls.__dataclass_fields__})
+        return cls(**{f.name: d[f.name].to(device) for f in fields(cls)})
 
 
 def node_attributes(asset, spacing: torch.Tensor) -> torch.Tensor:
@@ -130,7 +135,7 @@ class _Affinities:
 
 
 def _graph_tensors(graph: SplatGraph) -> tuple[torch.Tensor, ...]:
-    return tuple(getattr(graph, k) for k in SplatGraph.__dataclass_fields__)
+    return tuple(getattr(graph, f.name) for f in fields(SplatGraph))
 
 
 class AffinityCache:
@@ -390,7 +395,10 @@ class Propagation(nn.Module):
         w = conf[:, None]
         pooled = seeds.new_zeros(m, self.channels).index_add_(0, home, w * seeds)
         mass = conf.new_zeros(m).index_add_(0, home, conf)
-        count = conf.new_zeros(m).index_add_(0, home, torch.ones_like(conf))
+        if graph.home_count is not None:
+            count = graph.home_count.to(conf)
+        else:
+            count = conf.new_zeros(m).index_add_(0, home, torch.ones_like(conf))
         s_a = pooled / mass.clamp_min(1e-6)[:, None]
         c_a = mass / count.clamp_min(1.0)  # the anchor's cell is that well seen
         cn = graph.coarse_idx

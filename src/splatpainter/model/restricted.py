@@ -12,8 +12,8 @@ its fine steps and global only through the anchors:
 - the coarse walk among the anchors depends on the seeds pooled to each anchor, which are
   zero except at touched Gaussians, and on each anchor's Gaussian count.
 
-So the walk runs on a subgraph: the touched Gaussians' `fine_steps`-hop neighbourhood, every
-anchor, and every Gaussian homed at an anchor that a touched one is homed at (for the counts).
+So the walk runs on a subgraph: the touched Gaussians' `fine_steps`-hop neighbourhood and every
+anchor, carrying the whole asset's Gaussian count per anchor (`SplatGraph.home_count`).
 Edges leaving the subgraph become self-loops: only Gaussians `fine_steps` hops out have them,
 and what they compute cannot travel back to a touched one in time.  The cheap per-Gaussian
 inputs (signals, hypotheses, bins) and the voxels' signal tokens are computed for every
@@ -68,10 +68,7 @@ def walk_region(graph: SplatGraph, touched: torch.Tensor, hops: int) -> torch.Te
         region[nxt] = True
         frontier = torch.unique(nxt)
     region[graph.anchors] = True
-    home = graph.up_idx[:, 0]
-    busy = torch.zeros(graph.anchors.numel(), dtype=torch.bool, device=touched.device)
-    busy[home[touched]] = True
-    return region | busy[home]
+    return region
 
 
 def subgraph(graph: SplatGraph, keep: torch.Tensor) -> SplatGraph:
@@ -97,6 +94,8 @@ def subgraph(graph: SplatGraph, keep: torch.Tensor) -> SplatGraph:
         attrs=graph.attrs[keep],
     )
     sub.cacheable = False  # one edit's subgraph: its affinities are not kept (propagate.py)
+    home = graph.up_idx[:, 0]
+    sub.home_count = torch.bincount(home, minlength=graph.anchors.numel())
     return sub
 
 
