@@ -91,6 +91,9 @@ def test_the_memo_sees_in_place_changes_other_cameras_and_dropped_tensors():
     t = [asset.means.clone()]
     memo.put(t, cam, torch.ones(3))
     assert torch.equal(memo.get(t, cam), torch.ones(3))
+    memo.get(t, cam).mul_(2)  # a caller that writes into a remembered value: it is dropped
+    assert memo.get(t, cam) is None
+    memo.put(t, cam, torch.ones(3))
     assert memo.get([asset.means.clone()], cam) is None  # equal values, another tensor
     other = dataclasses.replace(cam, cx=cam.cx + 0.5)
     assert memo.get(t, other) is None

@@ -5,7 +5,8 @@ what a view of the geometry alone gives (each Gaussian's total compositing weigh
 the whole session, and the frame the user was shown is the one the edit is fitted on.  A
 `ViewMemo` keeps a few such results, each under the identity and in-place version of the
 tensors it was computed from (held weakly: a dropped asset frees its entries) and the exact
-camera.  A hit is the very value computed before, so nothing downstream can tell.
+camera.  A hit is the very value computed before (unless someone wrote into it in place: then
+it is dropped), so nothing downstream can tell.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class ViewMemo:
 
     def __init__(self, entries: int = 4) -> None:
         self.entries = entries
-        self._items: OrderedDict[tuple, tuple[list, torch.Tensor]] = OrderedDict()
+        self._items: OrderedDict[tuple, tuple[list, torch.Tensor, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -52,11 +53,11 @@ class ViewMemo:
         key = self._key(tensors, camera, extra)
         with self._lock:
             item = self._items.get(key)
-            if item is not None and self._alive(item[0], tensors):
+            if item is not None and self._alive(item[0], tensors) and item[1]._version == item[2]:
                 self._items.move_to_end(key)
                 self.hits += 1
                 return item[1]
-            if item is not None:  # the tensors were changed in place, or an id was reused
+            if item is not None:  # its tensors or the value itself were written in place
                 del self._items[key]
             self.misses += 1
             return None
@@ -69,9 +70,10 @@ class ViewMemo:
         key = self._key(tensors, camera, extra)
         refs = [(weakref.ref(t), t._version) for t in tensors]
         with self._lock:
-            for k in [k for k, (r, _) in self._items.items() if any(w() is None for w, _ in r)]:
-                del self._items[k]  # entries of dropped tensors
-            self._items[key] = (refs, value)
+            dropped = [k for k, it in self._items.items() if any(w() is None for w, _ in it[0])]
+            for k in dropped:  # entries of dropped tensors
+                del self._items[k]
+            self._items[key] = (refs, value, value._version)
             self._items.move_to_end(key)
             while len(self._items) > self.entries:
                 self._items.popitem(last=False)
