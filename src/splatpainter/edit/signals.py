@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from splatpainter.edit.views import EditView, effective_mask
+from splatpainter.edit.views import EditView, effective_mask, pixel_box
 from splatpainter.model.stage2 import GaussianSignals
 from splatpainter.render.memo import ViewMemo
 
@@ -70,15 +70,6 @@ def view_weights(asset, camera) -> torch.Tensor:
         wt = splat_weights(asset.detach(), camera)
         VIEW_WEIGHTS.put(geometry, camera, wt)
     return wt
-
-
-def _mask_box(mask: torch.Tensor) -> tuple[int, int, int, int] | None:
-    """(x0, y0, x1, y1), inclusive: the box of the pixels with mask > 0 (None: none)."""
-    pix = (mask > 0).nonzero()
-    if pix.numel() == 0:
-        return None
-    (y0, x0), (y1, x1) = pix.min(0).values.tolist(), pix.max(0).values.tolist()
-    return x0, y0, x1, y1
 
 
 @dataclass
@@ -147,7 +138,7 @@ def gather_signals(
         mask = effective_mask(view, ref)
         total = view_weights(asset, cam)
         wt += total
-        box = _mask_box(mask)
+        box = pixel_box(mask)
         if box is not None:  # the in-mask sums, from the mask's box alone (zero outside it)
             x0, y0, x1, y1 = box
             crop = (slice(y0, y1 + 1), slice(x0, x1 + 1))

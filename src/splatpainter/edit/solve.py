@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from splatpainter.edit.views import pixel_box
 from splatpainter.model.hypotheses import ridge_solve
 from splatpainter.model.stage2 import COLOR_MAPS
 
@@ -146,11 +147,11 @@ def _reach_pass(asset_v, camera, ones: torch.Tensor):
     x.requires_grad_(True)
     with torch.enable_grad():
         out = _render_linear(asset_v, crop, x)
-        pix = (out[..., 0].detach() > 0).nonzero()
+        reached = pixel_box(out[..., 0].detach())
         box = None
         inside = torch.zeros_like(out[..., 2].detach())
-        if pix.numel():
-            (y0, x0), (y1, x1) = pix.min(0).values.tolist(), pix.max(0).values.tolist()
+        if reached is not None:
+            x0, y0, x1, y1 = reached
             inside[y0 : y1 + 1, x0 : x1 + 1] = 1.0
             box = ((y0 + fy0, x0 + fx0), (y1 + fy0, x1 + fx0))
         loss = 0.5 * (out[..., 0] ** 2).sum() + (out[..., 2] * inside).sum()
@@ -210,10 +211,10 @@ def fit_color_maps(
         cam = cam.to(a.device)
         ed, ren, m = edited[v].to(dt), renders[v].to(dt), masks[v].to(dt)
         w = m * (ed.amax(-1) < CLIP_LEVEL).to(dt)
-        pix = (w > 0).nonzero()
-        if pix.numel() == 0:
+        box = pixel_box(w)
+        if box is None:
             continue
-        (y0, x0), (y1, x1) = pix.min(0).values.tolist(), pix.max(0).values.tolist()
+        x0, y0, x1, y1 = box
         window = cam.cropped(x0, y0, x1 - x0 + 1, y1 - y0 + 1)
         crop = (slice(y0, y1 + 1), slice(x0, x1 + 1))
         views.append((a.subset(idx), window, idx, (ed - ren)[crop], w[crop]))

@@ -75,6 +75,16 @@ def default_mask(edited: torch.Tensor, rendered: torch.Tensor) -> torch.Tensor:
     return ((edited - rendered).abs().amax(-1) > MASK_THRESHOLD).to(edited.dtype)
 
 
+def pixel_box(mask: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """(x0, y0, x1, y1), inclusive: the box of the pixels of an [H, W] image with mask > 0
+    (None: none), the window a crop of the view needs (`Camera.cropped`)."""
+    pix = (mask > 0).nonzero()
+    if pix.numel() == 0:
+        return None
+    (y0, x0), (y1, x1) = pix.min(0).values.tolist(), pix.max(0).values.tolist()
+    return x0, y0, x1, y1
+
+
 def effective_mask(view: EditView, rendered: torch.Tensor) -> torch.Tensor:
     """The view's own mask (as float), or the default mask against the current render."""
     if view.mask is None:
