@@ -86,9 +86,13 @@ def _check_balancer(bal, spec: str, steps: list[list[list[int]]], stats: dict) -
         bf = torch.randn(t.num_local_tokens, generator=gen).to(torch.bfloat16)
         tag = pos % 3 == 0
         i32 = (pos + 2**31 - 1000).to(torch.int32)
-        inputs = (x, seq, pos, big, noise, bf, tag, i32)
+        # integers whose bytes read as float NaNs (quiet and signalling): integer features
+        # ride in the tokens' float buffer by their bytes, which must come through unchanged
+        nan_bits = torch.stack((-1 - seq, seq + 0x7FF0000000000001), dim=1)
+        inputs = (x, seq, pos, big, noise, bf, tag, i32, nan_bits)
         routed = bal.route(*inputs)
-        rx, rseq, rpos, rbig, _, _, rtag, ri32 = routed
+        rx, rseq, rpos, rbig, _, _, rtag, ri32, rnan = routed
+        assert torch.equal(rnan, torch.stack((-1 - rseq, rseq + 0x7FF0000000000001), dim=1))
         assert torch.equal(rseq, torch.from_numpy(t.token_seq_ids.copy()))
         assert torch.equal(rpos, torch.from_numpy(t.token_positions.copy()))
         assert torch.equal(rpos, bal.balanced_positions())
@@ -182,7 +186,9 @@ def bad_input_worker(rank: int, world: int) -> dict:
     bad_x = torch.randn(T + 2, 4, dtype=torch.float64) if rank == 0 else x
     expect_error("token_rows", lambda: bal.route(bad_x, pos[: bad_x.shape[0]]))
     expect_error("dtype_disagree", lambda: bal.route(x.float() if rank == 1 else x, pos))
-    y = bal.route(x)
+    seqs = len(lengths) + (1 if rank == 2 else 0)  # e.g. conditioning of another batch
+    expect_error("sequences", lambda: bal.route(x, pos, sequences=seqs))
+    y = bal.route(x, sequences=len(lengths))
     expect_error("reverse_rows", lambda: bal.reverse_route(y[:-1] if rank == 3 else y))
     q = torch.randn(bal.tables.num_balanced_tokens, 3, 2)
     expect_error("attn_heads", lambda: bal.pre_attn(q, q, q))
@@ -201,6 +207,10 @@ def bad_input_worker(rank: int, world: int) -> dict:
     assert torch.equal(bal.reverse_route(bal.route(x)), x)
     a = bal.pre_attn(good, good, good)
     assert torch.equal(bal.post_attn(a.q), good)
+    # agree=False (the parallelized model's path): no gather, the check still runs, locally.
+    expect_error("attn_heads_local", lambda: bal.pre_attn(q, q, q, agree=False))
+    a = bal.pre_attn(good, good, good, agree=False)
+    assert torch.equal(bal.post_attn(a.q, agree=False), good)
     return msgs
 
 
@@ -246,6 +256,8 @@ def _steps(first: list[list[int]]) -> list[list[list[int]]]:
 CASES_2 = [
     ("g2n1", _steps([[1, 5, 7], []])),
     ("g1n2", _steps([[30, 1], [2]])),  # 30 exceeds every bag's capacity
+    # fewer sequences than the widest step (the lengths ride with the check), then more
+    ("g2n1", [[[1, 5, 7], []], [[2], [3]], [[], []], [[4, 1, 1, 2], [6]]]),
 ]
 CASES_4 = [
     ("g2n2", _steps([[3, 1], [], [9, 2, 4], [1]])),
@@ -272,7 +284,7 @@ def test_route_reverse_and_ulysses_are_exact(tmp_path, world, cases, sub_cases):
     stats = run_workers(
         __file__, "route_worker", world, tmp_path, args=(cases, sub_cases), timeout=170
     )
-    assert all(s["steps"] == 2 * (len(cases) + len(sub_cases)) for s in stats)
+    assert all(s["steps"] == sum(len(c[1]) for c in cases + sub_cases) for s in stats)
     # The Ulysses checks really exercised multi-chunk sequences.
     assert max(s["max_chunks_in_bag"] for s in stats) >= 2
     assert sum(s["ulysses_tokens"] for s in stats) > 0
@@ -295,7 +307,9 @@ def test_bad_input_errors_on_every_rank(tmp_path):
         "token_rows": "rank 0: route: tokens have",
         "dtype_disagree": "different dtypes",
         "reverse_rows": "rank 3: reverse_route",
+        "sequences": "rank 2: route: 2 sequences given, this rank's plan has 1",
         "attn_heads": "not divisible by the bag size 2",
+        "attn_heads_local": "not divisible by the bag size 2",
     }
     in_bag = {
         "attn_rows_in_bag": ("rank 1: pre_attn: tensor #1 has", (0, 1)),
@@ -308,9 +322,11 @@ def test_bad_input_errors_on_every_rank(tmp_path):
             assert needle in m[name], (rank, name, m[name])
         for name in mine:
             assert in_bag[name][0] in m[name], (rank, name, m[name])
+        assert m["attn_heads_local"].startswith("bad input in the bag of ranks"), rank
+        assert f"rank {rank}: pre_attn" in m["attn_heads_local"], (rank, m["attn_heads_local"])
     # Collective errors carry the same message on every rank (bag checks: of the bag).
     for name in expect:
-        if name not in ("dtype_disagree", "attn_heads"):
+        if name not in ("dtype_disagree", "attn_heads", "attn_heads_local"):
             assert len({m[name] for m in msgs}) == 1, name
     same_in = [("attn_heads", (0, 1)), ("attn_heads", (2, 3))]
     same_in += [(name, ranks) for name, (_, ranks) in in_bag.items()]

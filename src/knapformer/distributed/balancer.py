@@ -2,8 +2,8 @@
 
 Per step::
 
-    plan = balancer.plan_step(local_lengths)   # 2 small all_gathers + the pure planner
-    x, pos = balancer.route(x, pos)            # 1 all_to_all_single per dtype
+    plan = balancer.plan_step(local_lengths)   # 1 small all_gather (2 when it widens) + planner
+    x, pos = balancer.route(x, pos)            # 1 all_to_all_single (integer features ride)
     ... blocks; attention via balancer.attention(q, k, v) (pre_attn -> varlen -> post_attn)
     y = balancer.reverse_route(y)              # inverse all_to_all_single
 
@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from knapformer.attention.varlen import varlen_attention
 from knapformer.distributed.autolayout import AutoLayout
-from knapformer.distributed.collectives import all_to_all
+from knapformer.distributed.collectives import all_to_all, gather_rows
 from knapformer.distributed.failures import BalancerError, collective
 from knapformer.distributed.groups import (
     GroupSetupError,
@@ -87,6 +87,29 @@ def _split_head_groups(x: torch.Tensor, g: int) -> torch.Tensor:
     return y.reshape(g * T, *mid, H // g, D)
 
 
+def _qkv_head_groups(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: int) -> torch.Tensor:
+    """``3 x [T, H, D] -> [g * T, 3, H/g, D]`` in one strided copy per input: what
+    ``_split_head_groups(torch.stack((q, k, v), 1), g)`` gives, without the stacked copy."""
+    T, H, D = q.shape
+    buf = q.new_empty(g, T, 3, H // g, D)
+    for i, x in enumerate((q, k, v)):
+        buf[:, :, i] = x.reshape(T, g, H // g, D).movedim(1, 0)
+    return buf.view(g * T, 3, H // g, D)
+
+
+def _rides_in(f: torch.Tensor, carrier: torch.dtype) -> bool:
+    """Whether the integer rows ``f`` ``[R, w]`` travel as ``carrier`` elements: a float
+    carrier, whole elements per row, and nothing to differentiate."""
+    size = torch.empty((), dtype=carrier).element_size()
+    return (
+        carrier.is_floating_point
+        and f.dtype != carrier
+        and not (f.is_floating_point() or f.is_complex() or f.dtype == torch.bool)
+        and not f.requires_grad
+        and (f.shape[1] * f.element_size()) % size == 0
+    )
+
+
 def _merge_head_groups(y: torch.Tensor, g: int) -> torch.Tensor:
     """``[g * T, H/g, D]`` (block j = head group j from peer j) ``-> [T, H, D]``."""
     Hg, D = y.shape[-2], y.shape[-1]
@@ -105,6 +128,8 @@ _ERR_MESSAGES = {
     12: "{op}: argument #{a} is on a different device than the tokens",
     13: "{op}: argument #{a} is not a torch.Tensor",
     14: "{op}: tokens must have at least one dimension",
+    15: "{op}: {a} sequences given, this rank's plan has {b}; call balancer.plan_step("
+    "batch.seq_lens) with this batch before the forward",
     20: "{op}: tensor #{a} must be 3-D [tokens, heads, head_dim], got {b} dimensions",
     21: "{op}: tensor #{a} has {b} rows but this rank holds {c} balanced tokens",
     22: "{op}: {a} heads are not divisible by the bag size {b}",
@@ -116,17 +141,13 @@ def _describe(code: int, a: int, b: int, c: int, op: str) -> str:
     return _ERR_MESSAGES[code].format(a=a, b=b, c=c, op=op)
 
 
-# torch >= 2.13 renames all_gather_into_tensor (and warns on the old name).
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
 def _gather_rows(t: torch.Tensor, n: int, group: dist.ProcessGroup | None, op: str) -> torch.Tensor:
-    """``[n, *t.shape]``: every rank's ``t`` (one all-gather into one tensor)."""
+    """``[n, *t.shape]``: every rank's ``t`` (one gather into one tensor)."""
     shape = t.shape
     t = t.contiguous().view(-1)
     out = t.new_empty(n * t.numel())  # (rows concatenated along dim 0, as gloo wants)
     with collective(op, group):
-        all_gather_single(out, t, group=group)
+        gather_rows(out, t, group)
     return out.view(n, *shape)
 
 
@@ -258,6 +279,7 @@ class Balancer:
         self.plan: Plan | None = None
         self.tables: RoutingTables | None = None
         self._plan_sig = 0
+        self._lengths_width = 0  # the most sequences any rank had in a step (plan_step)
         self._index_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._cache_owner: RoutingTables | None = None
         self.step = 0
@@ -436,7 +458,13 @@ class Balancer:
             b = int(arr[a])
         count = int(arr.size) if code == 0 else 0
         # (on the CPU when the group has a CPU backend: the step's lengths are host data)
-        info = torch.tensor([count, code, a, b], dtype=torch.int64, device=self._ctrl_device)
+        # The lengths ride with the check when they fit the widest step so far (a width every
+        # rank knows alike): one gather a step, a second only when a rank has more sequences.
+        width = self._lengths_width
+        info = torch.zeros(4 + width, dtype=torch.int64, device=self._ctrl_device)
+        info[:4] = torch.tensor([count, code, a, b], dtype=torch.int64)
+        if 0 < count <= width:
+            info[4 : 4 + count] = torch.from_numpy(arr.astype(np.int64))
         infos = self._all_gather(info, "plan_step").cpu().numpy()
         bad = [r for r in range(self.world_size) if infos[r, 1] != 0]
         if bad:
@@ -445,10 +473,14 @@ class Balancer:
         counts = infos[:, 0]
         m = int(counts.max()) if counts.size else 0
         lengths: list[list[int]] = [[] for _ in range(self.world_size)]
-        if m > 0:
+        if m > width:
             padded = torch.zeros(m, dtype=torch.int64, device=self._ctrl_device)
             padded[: arr.size] = torch.from_numpy(arr.astype(np.int64))
             allp = self._all_gather(padded, "plan_step").cpu().numpy()
+            self._lengths_width = m
+        else:
+            allp = infos[:, 4:]
+        if m > 0:
             lengths = [allp[r, : counts[r]].tolist() for r in range(self.world_size)]
         if self._auto is not None:
             try:
@@ -531,8 +563,16 @@ class Balancer:
 
     # ---- routing -----------------------------------------------------------------------------
 
-    def _agree(self, tensors: Sequence[Any], expected_rows: int, op: str) -> None:
-        """Check inputs locally, then agree on errors and tensor signatures across ranks."""
+    def _agree(
+        self,
+        tensors: Sequence[Any],
+        expected_rows: int,
+        op: str,
+        agree: bool = True,
+        sequences: int | None = None,
+    ) -> None:
+        """Check inputs locally, then agree on errors and tensor signatures across ranks
+        (``agree=False``: the local check alone, see :meth:`reverse_route`)."""
         code, a, b, c = 0, 0, 0, 0
         sig = 0
         if not all(isinstance(t, torch.Tensor) for t in tensors):
@@ -552,6 +592,14 @@ class Balancer:
                     code, a, b, c = 11, i, (t.shape[0] if t.dim() else -1), rows
                 elif t.device != tensors[0].device:
                     code, a = 12, i + 1
+        planned = int(np.count_nonzero(self._step_src == self.rank))
+        if not code and sequences is not None and sequences != planned:
+            code, a, b = 15, sequences, planned
+        if not agree:
+            if code:
+                detail = _describe(code, a, b, c, op=op)
+                raise BalancerError(f"bad input: rank {self.rank}: {detail}")
+            return
         info = torch.tensor(
             [code, a, b, c, sig, self._plan_sig], dtype=torch.int64, device=self._ctrl_device
         )
@@ -588,46 +636,68 @@ class Balancer:
         post_index: str | None,
         out_rows: int,
     ) -> list[torch.Tensor]:
-        """One all_to_all per dtype: same-dtype tensors are concatenated column-wise."""
+        """One all_to_all per dtype: same-dtype tensors are concatenated column-wise, and
+        integer features ride in the tokens' floating-point buffer, bit for bit (a view of
+        their bytes, never a conversion), where their row's bytes divide into its elements:
+        the usual route (tokens, positions, kind) is one exchange, not two."""
         rows = tensors[0].shape[0]
         device = tensors[0].device
+        carrier = tensors[0].dtype
+        flat: list[torch.Tensor] = []
+        for t in tensors:
+            f = t.reshape(rows, int(np.prod(t.shape[1:], dtype=np.int64)))
+            if _rides_in(f, carrier):
+                f = f.contiguous().view(carrier)
+            flat.append(f)
         by_dtype: dict[torch.dtype, list[int]] = {}
-        for i, t in enumerate(tensors):
-            by_dtype.setdefault(t.dtype, []).append(i)
+        for i, f in enumerate(flat):
+            by_dtype.setdefault(f.dtype, []).append(i)
         result: list[torch.Tensor | None] = [None] * len(tensors)
         for idxs in by_dtype.values():
-            widths = [int(np.prod(tensors[i].shape[1:], dtype=np.int64)) for i in idxs]
-            flat = [tensors[i].reshape(rows, w) for i, w in zip(idxs, widths, strict=True)]
-            buf = flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
+            widths = [flat[i].shape[1] for i in idxs]
+            buf = flat[idxs[0]] if len(idxs) == 1 else torch.cat([flat[i] for i in idxs], dim=1)
             if pre_index is not None:
                 buf = buf.index_select(0, self.index(pre_index, device))
             out = all_to_all(buf, out_splits.tolist(), in_splits.tolist(), self.group, op=op)
             if post_index is not None:
                 out = out.index_select(0, self.index(post_index, device))
             for i, part in zip(idxs, torch.split(out, widths, dim=1), strict=True):
-                result[i] = part.reshape(out_rows, *tensors[i].shape[1:])
+                t = tensors[i]
+                if part.dtype != t.dtype:
+                    part = part.contiguous().view(t.dtype)
+                result[i] = part.reshape(out_rows, *t.shape[1:])
         return result  # type: ignore[return-value]
 
-    def route(self, tokens: torch.Tensor, *features: torch.Tensor) -> Any:
+    def route(
+        self, tokens: torch.Tensor, *features: torch.Tensor, sequences: int | None = None
+    ) -> Any:
         """Move ``[T_local, ...]`` tensors into the balanced layout (same row order on all).
 
         Returns the routed tokens, or a tuple ``(tokens, *features)`` when features are given.
-        Integer/bool features travel in their own dtype (bit-exact).
+        Integer/bool features travel in their own dtype (bit-exact). ``sequences``: how many
+        sequences the caller holds for this step (e.g. its per-sequence conditioning rows),
+        checked against the plan in the same agreement as the tokens.
         """
         t = self._require_tables("route")
         tensors = (tokens, *features)
-        self._agree(tensors, t.num_local_tokens, "route")
+        self._agree(tensors, t.num_local_tokens, "route", sequences=sequences)
         out = self._exchange(
             "route", tensors, t.recv_splits, t.send_splits, "send_perm", None,
             t.num_balanced_tokens,
         )  # fmt: skip
         return out[0] if not features else tuple(out)
 
-    def reverse_route(self, tokens: torch.Tensor, *features: torch.Tensor) -> Any:
-        """Inverse of :meth:`route`: balanced layout -> this rank's original packed order."""
+    def reverse_route(
+        self, tokens: torch.Tensor, *features: torch.Tensor, agree: bool = True
+    ) -> Any:
+        """Inverse of :meth:`route`: balanced layout -> this rank's original packed order.
+
+        ``agree=False`` keeps the input check local (no gather): for callers whose tensors
+        come out of :meth:`route` by construction (the parallelized model), where :meth:`route`
+        has agreed on the rows, dtypes and plan already."""
         t = self._require_tables("reverse_route")
         tensors = (tokens, *features)
-        self._agree(tensors, t.num_balanced_tokens, "reverse_route")
+        self._agree(tensors, t.num_balanced_tokens, "reverse_route", agree)
         out = self._exchange(
             "reverse_route", tensors, t.send_splits, t.recv_splits, None, "inverse_send_perm",
             t.num_local_tokens,
@@ -664,8 +734,14 @@ class Balancer:
 
     # ---- Ulysses attention hooks -------------------------------------------------------------
 
-    def pre_attn(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> AttnInputs:
-        """``[T_out, H, D]`` chunks with all heads -> whole sequences with ``H/g`` heads."""
+    def pre_attn(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, agree: bool = True
+    ) -> AttnInputs:
+        """``[T_out, H, D]`` chunks with all heads -> whole sequences with ``H/g`` heads.
+
+        ``agree=False`` keeps the input check local (no gather in the bag): for callers whose
+        shapes are fixed by construction, as :func:`~knapformer.distributed.parallelize`'s
+        model is (heads checked once, token counts agreed by :meth:`route`)."""
         t = self._require_tables("pre_attn")
         g = self.bag_size
         code, a, b, c = 0, 0, 0, 0
@@ -680,7 +756,7 @@ class Balancer:
                 code, a, b = 22, x.shape[1], g
             if code:
                 break
-        self._agree_in_bag("pre_attn", code, a, b, c)
+        self._agree_in_bag("pre_attn", code, a, b, c, agree)
         device = q.device
         cu = self.index("cu_seqlens_int32", device)
         if g == 1:
@@ -689,7 +765,7 @@ class Balancer:
         ins = [t.num_balanced_tokens] * g
         gather = self.index("attn_gather", device)
         if q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype:
-            x = _split_head_groups(torch.stack((q, k, v), dim=1), g)  # [g*T, 3, H/g, D]
+            x = _qkv_head_groups(q, k, v, g)  # [g*T, 3, H/g, D]
             y = all_to_all(x, outs, ins, self.bag_group, op="pre_attn").index_select(0, gather)
             qs, ks, vs = y.unbind(dim=1)
         else:
@@ -701,7 +777,7 @@ class Balancer:
             )
         return AttnInputs(qs, ks, vs, cu, t.max_seqlen)
 
-    def post_attn(self, out: torch.Tensor) -> torch.Tensor:
+    def post_attn(self, out: torch.Tensor, *, agree: bool = True) -> torch.Tensor:
         """Inverse of :meth:`pre_attn` for the output: ``[N, H/g, D] -> [T_out, H, D]``."""
         t = self._require_tables("post_attn")
         g = self.bag_size
@@ -714,7 +790,7 @@ class Balancer:
             code, b = 20, out.dim()
         elif out.shape[0] != t.num_attn_tokens:
             code, b = 23, out.shape[0]
-        self._agree_in_bag("post_attn", code, 0, b, t.num_attn_tokens)
+        self._agree_in_bag("post_attn", code, 0, b, t.num_attn_tokens, agree)
         y = out.index_select(0, self.index("attn_scatter", out.device))
         ins = [int(s) for s in t.peer_splits]
         outs = [t.num_balanced_tokens] * g
@@ -728,32 +804,36 @@ class Balancer:
         v: torch.Tensor,
         causal: bool = False,
         attn_fn: Callable[..., torch.Tensor] = varlen_attention,
+        *,
+        agree: bool = True,
     ) -> torch.Tensor:
         """``pre_attn`` -> varlen attention over whole sequences -> ``post_attn``.
 
         ``attn_fn(q, k, v, cu_seqlens, max_seqlen, causal=...)`` also gets the plan's host
         offsets as ``cu_seqlens_host=`` when it has that parameter (the shipped one does), so
-        that it never copies ``cu_seqlens`` back from the device."""
-        a = self.pre_attn(q, k, v)
+        that it never copies ``cu_seqlens`` back from the device. ``agree``: as in
+        :meth:`pre_attn`."""
+        a = self.pre_attn(q, k, v, agree=agree)
         kw: dict[str, Any] = {"causal": causal}
         if _takes_host_offsets(attn_fn):
             kw["cu_seqlens_host"] = self._require_tables("attention").cu_seqlens
         out = attn_fn(a.q, a.k, a.v, a.cu_seqlens, a.max_seqlen, **kw)
-        return self.post_attn(out)
+        return self.post_attn(out, agree=agree)
 
-    def _agree_in_bag(self, op: str, code: int, a: int, b: int, c: int) -> None:
+    def _agree_in_bag(self, op: str, code: int, a: int, b: int, c: int, agree: bool = True) -> None:
         """Agree on a local check across the bag before its collective: every rank of the bag
         raises the same error (naming the ranks) instead of leaving its peers in a mismatched
         all-to-all. A one-GPU bag has no collective, so its check stays local; so does a bag
         group without a CPU backend (plain "nccl"), where agreeing would make every attention
         call wait for the device: initialise with "cpu:gloo,cuda:nccl" to have both."""
         row = [code, a, b, c]
-        if self.bag_size > 1 and has_cpu_backend(self.bag_group):
+        if agree and self.bag_size > 1 and has_cpu_backend(self.bag_group):
             info = torch.tensor(row, dtype=torch.int64)
             rows = _gather_rows(info, self.bag_size, self.bag_group, op).tolist()
+            named = list(zip(self.bag_ranks, rows, strict=True))
         else:
-            rows = [row]
-        bad = [(self.bag_ranks[j], r) for j, r in enumerate(rows) if r[0] != 0]
+            named = [(self.rank, row)]
+        bad = [(rk, r) for rk, r in named if r[0] != 0]
         if bad:
             parts = [f"rank {rk}: " + _describe(*r, op=op) for rk, r in bad]
             raise BalancerError(

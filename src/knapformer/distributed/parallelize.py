@@ -31,13 +31,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from knapformer.distributed.balancer import (
-    Balancer,
-    BalancerError,
-    all_gather_single,
-    upload_table,
-)
-from knapformer.distributed.groups import global_ranks, has_cpu_backend
+from knapformer.distributed.balancer import Balancer, BalancerError, upload_table
+from knapformer.distributed.collectives import gather_rows
+from knapformer.distributed.groups import global_ranks
 from knapformer.models.mmdit import (
     AttnMeta,
     DispatchedTokens,
@@ -63,7 +59,9 @@ class BalancedAttention(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta | None = None
     ) -> torch.Tensor:
-        return self.balancer.attention(q, k, v)
+        # No per-layer agreement in the bag: parallelize checked the heads, route agreed the
+        # token count, so every rank's shapes are right by construction (a local check stays).
+        return self.balancer.attention(q, k, v, agree=False)
 
 
 def _rows_per_rank(counts: np.ndarray) -> int:
@@ -102,31 +100,17 @@ class BalancedDispatcher(nn.Module):
         return rows_t, tok_t, tok
 
     def _gather_cond(self, cond: torch.Tensor) -> torch.Tensor:
-        """Every rank's per-sequence conditioning rows (padded to the largest count). The
-        counts are agreed on the host first (CPU backend), so a batch that does not match the
-        plan is the same error on every rank instead of a hang, and nothing is read back from
-        the device; without a CPU backend (plain "nccl") the check stays local."""
+        """Every rank's per-sequence conditioning rows (padded to the largest count). Called
+        after :meth:`Balancer.route`, whose agreement has checked every rank's count against
+        the plan (``sequences=``), so the gather's sizes match on every rank."""
         bal = self.balancer
         counts = np.bincount(bal.step_src_rank, minlength=bal.world_size)
         width = _rows_per_rank(counts)
         n, c = cond.shape
-        if has_cpu_backend(bal.group):
-            mine = torch.tensor([n], dtype=torch.int64)
-            got = bal._all_gather(mine).view(-1).numpy()
-        else:  # pragma: no cover - CUDA with a plain "nccl" group
-            got = counts.copy()
-            got[bal.rank] = n
-        bad = [r for r in range(bal.world_size) if got[r] != counts[r]]
-        if bad:
-            parts = ", ".join(f"rank {r}: {got[r]} sequences, plan has {counts[r]}" for r in bad)
-            raise BalancerError(
-                f"conditioning does not match the plan ({parts}); call "
-                "balancer.plan_step(batch.seq_lens) with this batch before the forward"
-            )
         buf = cond.new_zeros(width, c)
         buf[:n] = cond.detach()
         out = cond.new_empty(bal.world_size * width, c)
-        all_gather_single(out, buf, group=bal.group)
+        gather_rows(out, buf, bal.group)
         return out
 
     def dispatch(self, s: TokenState) -> DispatchedTokens:
@@ -140,7 +124,7 @@ class BalancedDispatcher(nn.Module):
                 "per-sequence conditioning is delivered as data (no gradient through the "
                 "gather); detach it or compute trainable conditioning inside the model"
             )
-        h, positions, kind = bal.route(s.h, s.positions, s.kind)
+        h, positions, kind = bal.route(s.h, s.positions, s.kind, sequences=s.cond.shape[0])
         # the modality on the host too (a CPU all-to-all of one byte per token), so the blocks'
         # streams come from host tables instead of a nonzero on the device
         kind_host = None if s.kind_host is None else bal.route_host(s.kind_host.astype(np.uint8))
@@ -149,7 +133,7 @@ class BalancedDispatcher(nn.Module):
         return DispatchedTokens(h, positions, kind, tok, cond, None, kind_host, tok_host)
 
     def combine(self, out: torch.Tensor) -> torch.Tensor:
-        return self.balancer.reverse_route(out)
+        return self.balancer.reverse_route(out, agree=False)  # the blocks kept route's rows
 
 
 def _mesh_ranks(mesh: Any) -> set[int]:
