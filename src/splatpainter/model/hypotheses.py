@@ -111,8 +111,18 @@ def _ridge(x: torch.Tensor, t: torch.Tensor, w: torch.Tensor, prior: torch.Tenso
     return ridge_solve(xw.T @ x, xw.T @ t, prior, lam * float(w.sum()) + 1e-6)
 
 
+def _weighted_rows(w: torch.Tensor, *ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """w and ts at the rows where w != 0: the others add nothing to a weighted fit, and an
+    edit weighs a few thousand Gaussians of a million (the fits ran on all of them)."""
+    keep = (w != 0).nonzero().squeeze(1)
+    if keep.numel() == w.numel():
+        return (w, *ts)
+    return (w[keep], *(t[keep] for t in ts))
+
+
 def fit_affine(colors: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, lam: float = 1e-2):
     """Affine colour map [4, 3] (rows: R, G, B, bias) with targets ~ [c, 1] @ map."""
+    w, colors, targets = _weighted_rows(w, colors, targets)
     x = torch.cat([colors, torch.ones_like(colors[:, :1])], -1)
     prior = torch.cat([torch.eye(3, dtype=colors.dtype), torch.zeros(1, 3, dtype=colors.dtype)])
     return _ridge(x, targets, w, prior.to(colors.device), lam)
@@ -132,6 +142,7 @@ def fit_shading(
     fit r ~ a + n.v over all Gaussians starts it, then each step refits a + n.v on the
     Gaussians the current light reaches (the rest only set a) until that set stops changing.
     """
+    w, colors, targets, normals = _weighted_rows(w, colors, targets, normals)
     cc = (colors * colors).sum(-1)
     ok = (cc > 1e-3) & (targets.amax(-1) < 1.0 - 1e-3)
     r = torch.where(ok, (targets * colors).sum(-1) / cc.clamp_min(1e-3), torch.ones_like(cc))

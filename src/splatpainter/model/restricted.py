@@ -151,7 +151,7 @@ def local_forward(
         raise ValueError(f"edit kind {s.hint!r} is not local; use the full forward")
     sig = s.signals
     rows = (sig.in_mask_weight > 0).nonzero().squeeze(1)
-    cand, stats, per_gauss, normals, rest = editor._gaussian_inputs(s)
+    cand, stats, per_gauss, normals, rest = editor._gaussian_inputs(s, rest_rows=rows)
     vox = s.latent.vox
     voxel_sig = editor.voxel_sig(segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels))
     clock("stage2_inputs_all_gaussians")
@@ -170,7 +170,7 @@ def local_forward(
         z = editor._walk(sub, cand[keep], per_gauss[keep], normals[keep])
         walk = z[torch.searchsorted(keep, rows)]
         clock("stage2_walk_subgraph")
-    inputs = (cand[rows], stats, per_gauss[rows], normals[rows], rest[rows])
+    inputs = (cand[rows], stats, per_gauss[rows], normals[rows], rest)
     view = _rows_editor(editor, inputs, voxel_sig, walk)
     row_vox = dataclasses.replace(vox, gauss_voxel=vox.gauss_voxel[rows])
     latent = Stage1Latent(row_vox, s.latent.voxel_latent, s.latent.gauss_feat[rows], None, None)

@@ -294,7 +294,9 @@ class Stage2Editor(nn.Module):
     def init_state(self, batch: int = 1) -> list[FastWeights]:
         return [blk.ttt.init_state(batch) for blk in self.blocks]
 
-    def _gaussian_inputs(self, s: EditSample):
+    def _gaussian_inputs(self, s: EditSample, rest_rows: torch.Tensor | None = None):
+        """(hypotheses, edit stats, per-Gaussian features, normals, SH-band maps). rest_rows:
+        the band maps of those Gaussians only (a restricted edit needs no others)."""
         sig = s.signals
         normals = s.latent.normals
         if normals is None:
@@ -319,7 +321,8 @@ class Stage2Editor(nn.Module):
         per_gauss = torch.cat([sig.as_features(), cand.flatten(1), bins], -1)
         w = sig.in_mask_weight * sig.support
         band = band_map(s.colors, cand[:, 1], seen_delta, w)
-        rest = hypothesis_rest_maps(band, shading_factor(shading, normals), normals)
+        n_rest = normals if rest_rows is None else normals[rest_rows]
+        rest = hypothesis_rest_maps(band, shading_factor(shading, n_rest), n_rest)
         return cand, stats, per_gauss, normals, rest
 
     def _walk(self, s: EditSample, cand, per_gauss, normals) -> torch.Tensor:
