@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from splatpainter.render import RenderError, rasterize, render, splat_weights
+from splatpainter.render import ColorRender, RenderError, rasterize, render, splat_weights
 from splatpainter.render.gsplat_backend import gsplat_available
 
 W, H = 61, 45  # not multiples of the 16 px tile: partial edge tiles
@@ -337,6 +337,30 @@ def test_float64_input_and_render_entry_point():
     assert w.shape == (asset.num_gaussians,) and (w >= 0).all()
     assert abs(float(w.sum()) - float(out.alpha.sum())) < 1e-3 * float(out.alpha.sum())
     assert (w[out.radii == 0] == 0).all()
+
+
+def test_color_render_is_render_with_colors_bit_for_bit():
+    """ColorRender (projection and binning once, colours per call: the solve's steps) gives
+    render(colors=)'s image and colour gradient exactly, call after call."""
+    from splatpainter.assets import GaussianAsset
+    from splatpainter.camera import Camera
+
+    asset = GaussianAsset(**mixed_scene(seed=5, sh_degree=1))
+    cam = Camera(width=W, height=H, fx=70.0, fy=66.0, cx=32.0, cy=24.0, world_to_cam=_w2c())
+    n = asset.num_gaussians
+    staged = ColorRender(asset, cam)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        c = torch.rand(n, 3, generator=gen).requires_grad_()
+        w = torch.rand(H, W, 3, generator=gen)
+        a = staged(c)
+        (ga,) = torch.autograd.grad((a * w).sum(), c)
+        c2 = c.detach().clone().requires_grad_()
+        b = render(asset, cam, colors=c2).rgb
+        (gb,) = torch.autograd.grad((b * w).sum(), c2)
+        assert a.abs().sum() > 0 and torch.equal(a, b) and torch.equal(ga, gb)
+    with pytest.raises(RenderError, match="colors must be"):
+        staged(torch.zeros(n, 4))
 
 
 @pytest.mark.parametrize(

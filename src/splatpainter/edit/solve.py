@@ -63,22 +63,31 @@ def solve_color_delta(
     Gaussians with weight in the window (the same numbers; False renders all of a view's
     contributing Gaussians, the way to check that).
     """
+    from splatpainter.render import ColorRender
+
     a = asset.detach()
     n = a.num_gaussians
     delta = colors.new_zeros(n, 3)
     if iters <= 0 or not bool(touched.any()):
         return delta
     sel = touched[:, None].to(colors.dtype)
-    lo, hi = (-colors).clamp(max=0.0) * sel, (1.0 - colors).clamp(min=0.0) * sel
+    # The steps run on the touched Gaussians alone (T rows, not N): every other one stays 0.
+    rows = touched.nonzero().squeeze(1)
+    slot = torch.full((n,), -1, dtype=torch.int64, device=touched.device)
+    slot[rows] = torch.arange(rows.numel(), device=touched.device)
+    lo, hi = (-colors[rows]).clamp(max=0.0), (1.0 - colors[rows]).clamp(min=0.0)
 
-    def gram(asset_v, cam, idx, x: torch.Tensor, t: torch.Tensor | None):
-        """(A_v x, A_v^T (A_v x - t)) for the Gaussians idx of view v (t=None: t = 0)."""
-        xv = x[idx].detach().requires_grad_(True)
+    def gram(render_v, count: int, seen: torch.Tensor, at: torch.Tensor, x, t):
+        """A_v^T (A_v x - t) at the touched Gaussians, for x [T, 3] on them.  render_v: A_v,
+        a `ColorRender` of `count` Gaussians (the view's geometry projected and binned once),
+        of which `seen` [count] bool are touched ones, at rows `at` of x."""
+        xv = x.new_zeros(count, 3)
+        xv[seen] = x[at]
+        xv.requires_grad_(True)
         with torch.enable_grad():
-            out = _render_linear(asset_v, cam, xv)
-            err = out if t is None else out - t
+            err = render_v(xv) - t
             (gv,) = torch.autograd.grad(0.5 * (err**2).sum(), xv)
-        return out.detach(), torch.zeros_like(x).index_add_(0, idx, gv)
+        return torch.zeros_like(x).index_add_(0, at, gv[seen])
 
     with torch.no_grad():
         # D = A^T A 1_S (per Gaussian; the same for every channel): A^T (A 1_S - 0).  A 1_S also
@@ -105,26 +114,35 @@ def solve_color_delta(
             # never did (tests/splatpainter/test_sp_restricted.py checks it bit for bit).
             near = (inside > 0) | touched[idx] if window_only else inside >= 0
             near = near.nonzero().squeeze(1)
+            at = slot[idx[near]]
+            seen = at >= 0
             views.append(
-                (asset_v.subset(near), window, idx[near], tgt.to(colors)[y0 : y1 + 1, x0 : x1 + 1])
+                (
+                    ColorRender(asset_v.subset(near), window),
+                    int(near.numel()),
+                    seen,
+                    at[seen],
+                    tgt.to(colors)[y0 : y1 + 1, x0 : x1 + 1],
+                )
             )
-        diag = diag.mean(-1, keepdim=True)
+        diag = diag[rows].mean(-1, keepdim=True)
         area = sum(int(c.width) * int(c.height) for c in cameras) / len(cameras)
         mu = prior_px * area / (128 * 128)
-        ok = touched[:, None] & (diag > 1e-12)
+        ok = diag > 1e-12
         inv = torch.where(ok, 1.0 / ((1.0 + damping) * diag.clamp_min(1e-12) + mu), 0.0)
-        x = delta
-        y = delta
+        x = colors.new_zeros(rows.numel(), 3)
+        y = x
         t = 1.0
         for _ in range(iters):
             g = (damping * diag + mu) * y
-            for asset_v, window, idx, tgt in views:
-                g += gram(asset_v, window, idx, y, tgt)[1]
+            for view in views:
+                g += gram(*view[:4], y, view[4])
             x_new = torch.minimum(torch.maximum(y - inv * g, lo), hi)
             t_new = 0.5 * (1.0 + (1.0 + 4.0 * t * t) ** 0.5)
             y = x_new + ((t - 1.0) / t_new) * (x_new - x)
             x, t = x_new, t_new
-        return torch.where(ok, x, 0.0)
+        delta[rows] = torch.where(ok, x, 0.0)
+        return delta
 
 
 def _reach_pass(asset_v, camera, ones: torch.Tensor):

@@ -13,7 +13,9 @@ early termination. The rules are stated once, in ``project.py``.
 - ``splat_weights(asset, camera, pixel_weights=None) -> [N]`` per-Gaussian compositing weight;
   ``splat_sums(asset, camera, targets [H,W,C]) -> [N,C]`` any per-pixel values summed under
   those weights (one forward-like pass on the numba backend); ``footprint_box(asset, camera)``
-  the pixel box every drawn Gaussian stays in (a crop of it renders them all).
+  the pixel box every drawn Gaussian stays in (a crop of it renders them all);
+  ``ColorRender(asset, camera)(colors)``: renders of one geometry in changing colours, its
+  projection and binning done once (the least-squares solve's steps).
 
 ``RenderOutput``: rgb [H,W,D], alpha [H,W], depth [H,W] (expected depth: alpha-normalised
 view-space z, 0 where alpha is 0), depth_accum [H,W] (accumulated depth), radii [N] (larger
@@ -29,6 +31,7 @@ slower.
 
 from splatpainter.render.api import (
     BACKENDS,
+    ColorRender,
     RenderError,
     RenderOutput,
     footprint_box,
@@ -40,6 +43,7 @@ from splatpainter.render.api import (
 
 __all__ = [
     "BACKENDS",
+    "ColorRender",
     "RenderError",
     "RenderOutput",
     "footprint_box",

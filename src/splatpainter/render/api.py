@@ -345,6 +345,59 @@ def render(
     )
 
 
+class ColorRender:
+    """Renders of one asset's geometry from one camera in colours that change between calls
+    (the least-squares solve's steps): the projection and tile binning are done once, each
+    call composites the given colours.  ``self(colors [N, 3]) -> rgb [H, W, 3]`` on a black
+    background, differentiable in the colours, the same bits as ``render(asset, camera,
+    colors=colors).rgb``.  On other backends than numba each call is that render."""
+
+    def __init__(self, asset: GaussianAsset, camera: Camera, *, backend: str = "auto") -> None:
+        a = asset.detach()
+        if backend == "auto":
+            backend = "gsplat" if a.means.is_cuda and gsplat_available() else "numba"
+        self.asset, self.camera, self.backend = a, camera, backend
+        self._staged = None
+        if backend != "numba":
+            return
+        from splatpainter.render import numba_backend as nb
+
+        w, h = int(camera.width), int(camera.height)
+        _validate(
+            a.means, a.quats, a.log_scales, a.opacity_logits, a.sh, None, camera.world_to_cam,
+            camera.K(), w, h,
+        )  # fmt: skip
+        w2c = camera.world_to_cam.to(device=a.means.device, dtype=a.means.dtype)
+        with torch.no_grad():
+            opacities = torch.sigmoid(a.opacity_logits)
+            proj = nb.project_numba(
+                a.means, a.quats, a.log_scales, w2c, camera.K().to(a.means), w, h,
+                opacities=opacities, near_plane=float(NEAR_PLANE), far_plane=float(FAR_PLANE),
+                eps2d=float(EPS2D),
+            )  # fmt: skip
+        bins = nb.bin_tiles(proj.means2d, proj.extents, proj.depths, w, h)
+        self._staged = (proj, opacities, bins, _background(None, 3, 0, a.means))
+
+    def __call__(self, colors: torch.Tensor) -> torch.Tensor:
+        if self._staged is None:
+            return render(self.asset, self.camera, colors=colors, backend=self.backend).rgb
+        from splatpainter.render import numba_backend as nb
+
+        _check(
+            isinstance(colors, torch.Tensor)
+            and tuple(colors.shape) == (self.asset.num_gaussians, 3),
+            f"colors must be [{self.asset.num_gaussians}, 3], got "
+            f"{tuple(getattr(colors, 'shape', ()))}",
+        )
+        proj, opacities, bins, bg = self._staged
+        w, h = int(self.camera.width), int(self.camera.height)
+        rgb, _, _ = nb.rasterize_numba(
+            proj.means2d, proj.conics, colors, opacities, proj.depths, proj.extents, w, h, bg,
+            bins=bins,
+        )  # fmt: skip
+        return rgb.to(device=self.asset.means.device, dtype=self.asset.means.dtype)
+
+
 def splat_weights(
     asset: GaussianAsset,
     camera: Camera,

@@ -212,9 +212,12 @@ def bin_tiles(
     return offsets, slots, hit, tiles_x
 
 
-def _bins_and_rows(means2d, conics, colors: np.ndarray, opacities, depths, extents, w: int, h: int):
-    """``bin_tiles``' lists and the hit Gaussians' compositing rows (``gaussian_rows``)."""
-    offsets, ids, hit, tiles_x = bin_tiles(means2d, extents, depths, w, h)
+def _bins_and_rows(
+    means2d, conics, colors: np.ndarray, opacities, depths, extents, w: int, h: int, bins=None
+):
+    """``bin_tiles``' lists (or ``bins``, those of this geometry already) and the hit
+    Gaussians' compositing rows (``gaussian_rows``)."""
+    offsets, ids, hit, tiles_x = bin_tiles(means2d, extents, depths, w, h) if bins is None else bins
     rows = _kernels.gaussian_rows(
         hit, _np32(means2d), _np32(conics), colors, _np32(opacities), _np32(depths),
         float(project.ALPHA_MIN),
@@ -234,9 +237,9 @@ def _gaussian_sums(offsets, ids, hit, tiles_x, rows, w: int, h: int, targets, n:
 
 class _RasterizeNumba(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, means2d, conics, colors, opacities, depths, extents, background, w, h):
+    def forward(ctx, means2d, conics, colors, opacities, depths, extents, background, w, h, bins):
         offsets, ids, hit, tiles_x, rows = _bins_and_rows(
-            means2d, conics, _np32(colors), opacities, depths, extents, w, h
+            means2d, conics, _np32(colors), opacities, depths, extents, w, h, bins
         )
         thr = raster_thresholds()
         bg = _np32(background)
@@ -266,7 +269,7 @@ class _RasterizeNumba(torch.autograd.Function):
                 np.einsum("hwc,hw->c", g_rgb.astype(np.float64), final_t.astype(np.float64))
             ).float()
         return (per_g[:, 0:2], per_g[:, 2:5], per_g[:, 5:8], per_g[:, 8], per_g[:, 9],
-                None, v_bg, None, None)  # fmt: skip
+                None, v_bg, None, None, None)  # fmt: skip
 
 
 def rasterize_numba(
@@ -279,13 +282,14 @@ def rasterize_numba(
     width: int,
     height: int,
     background: torch.Tensor,
+    bins: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Composite Gaussians; returns colour [H,W,D], alpha [H,W], accumulated depth [H,W].
 
     ``colors`` [N,D] with any D (``background`` [D]): the kernels composite three channels
     at a time, so D != 3 runs ceil(D/3) passes (zero-padded); alpha and depth come from the
     first. Inputs are used in float32 on the CPU; outputs come back in ``means2d``'s dtype
-    and device.
+    and device. ``bins``: ``bin_tiles`` of this geometry, when the caller has them.
     """
     dtype, device = means2d.dtype, means2d.device
     geo = (_cpu32(means2d), _cpu32(conics))
@@ -299,7 +303,7 @@ def rasterize_numba(
     images, alpha, depth = [], None, None
     for k in range(0, d + pad, 3):
         img, a, dep = _RasterizeNumba.apply(
-            *geo, cols[:, k : k + 3], *rest, bg[k : k + 3], width, height
+            *geo, cols[:, k : k + 3], *rest, bg[k : k + 3], width, height, bins
         )
         images.append(img)
         if alpha is None:
