@@ -592,9 +592,10 @@ class Balancer:
                     code, a, b, c = 11, i, (t.shape[0] if t.dim() else -1), rows
                 elif t.device != tensors[0].device:
                     code, a = 12, i + 1
-        planned = int(np.count_nonzero(self._step_src == self.rank))
-        if not code and sequences is not None and sequences != planned:
-            code, a, b = 15, sequences, planned
+        if not code and sequences is not None:
+            planned = int(np.count_nonzero(self._step_src == self.rank))
+            if sequences != planned:
+                code, a, b = 15, sequences, planned
         if not agree:
             if code:
                 detail = _describe(code, a, b, c, op=op)

@@ -77,11 +77,11 @@ def solve_color_delta(
     slot[rows] = torch.arange(rows.numel(), device=touched.device)
     lo, hi = (-colors[rows]).clamp(max=0.0), (1.0 - colors[rows]).clamp(min=0.0)
 
-    def gram(render_v, count: int, seen: torch.Tensor, at: torch.Tensor, x, t):
+    def gram(render_v, seen: torch.Tensor, at: torch.Tensor, x, t):
         """A_v^T (A_v x - t) at the touched Gaussians, for x [T, 3] on them.  render_v: A_v,
-        a `ColorRender` of `count` Gaussians (the view's geometry projected and binned once),
-        of which `seen` [count] bool are touched ones, at rows `at` of x."""
-        xv = x.new_zeros(count, 3)
+        a `ColorRender` (the view's geometry projected and binned once) of Gaussians of which
+        `seen` [n_v] bool are touched ones, at rows `at` of x."""
+        xv = x.new_zeros(seen.numel(), 3)
         xv[seen] = x[at]
         xv.requires_grad_(True)
         with torch.enable_grad():
@@ -119,7 +119,6 @@ def solve_color_delta(
             views.append(
                 (
                     ColorRender(asset_v.subset(near), window),
-                    int(near.numel()),
                     seen,
                     at[seen],
                     tgt.to(colors)[y0 : y1 + 1, x0 : x1 + 1],
@@ -135,8 +134,8 @@ def solve_color_delta(
         t = 1.0
         for _ in range(iters):
             g = (damping * diag + mu) * y
-            for view in views:
-                g += gram(*view[:4], y, view[4])
+            for render_v, seen, at, tgt in views:
+                g += gram(render_v, seen, at, y, tgt)
             x_new = torch.minimum(torch.maximum(y - inv * g, lo), hi)
             t_new = 0.5 * (1.0 + (1.0 + 4.0 * t * t) ** 0.5)
             y = x_new + ((t - 1.0) / t_new) * (x_new - x)
