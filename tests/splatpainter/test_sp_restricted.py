@@ -46,7 +46,10 @@ def full_edit(model, asset, view, state, kind):
 def test_local_edit_on_a_tiled_asset_equals_the_full_forward(kind):
     """A 50k tiled asset (the 1M benchmark's asset, small): ModelMethod.apply takes the
     restricted path (the walk on a subgraph, the network on the touched Gaussians) and gives
-    the full forward's asset and fast weights bit for bit, over two edits in a row."""
+    the full forward's asset and fast weights, over two edits in a row: every Gaussian it does
+    not touch bit for bit, the touched ones to float rounding (torch's elementwise CPU kernels
+    round a value at a vector loop's tail, whose place depends on the tensor's length, to
+    within an ulp of the vectorised result: 1 in 20k walk values differed by 2.4e-7)."""
     asset = tiled(6250, 2)
     model = load_editor()
     model.latent_cache = None  # (50k: the disk cache would keep it in ~/.cache)
@@ -56,12 +59,17 @@ def test_local_edit_on_a_tiled_asset_equals_the_full_forward(kind):
         view = painted_view(asset, i, color=color)
         new, new_state = method.apply(asset, [view], state)
         ref, ref_fast, sample = full_edit(model, asset, view, state, kind)
-        assert torch.equal(new.sh, ref.sh)
+        local, _ = local_forward(model.stage2, sample, state["fast"])
+        untouched = torch.ones(asset.num_gaussians, dtype=torch.bool)
+        untouched[local.rows] = False
+        assert torch.equal(new.sh[untouched], ref.sh[untouched])
+        assert torch.equal(new.sh[untouched], asset.sh[untouched])
+        torch.testing.assert_close(new.sh, ref.sh, rtol=0, atol=1e-6)
         changed = int((new.sh != asset.sh).flatten(1).any(1).sum())
         assert 100 < changed < asset.num_gaussians // 5
         for a, b in zip(new_state["fast"], ref_fast, strict=True):
-            assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("w0", "w1", "w2"))
-        local, _ = local_forward(model.stage2, sample, state["fast"])
+            for k in ("w0", "w1", "w2"):
+                torch.testing.assert_close(getattr(a, k), getattr(b, k), rtol=0, atol=1e-6)
         assert local.rows.numel() < local.subgraph_size < asset.num_gaussians // 2
         asset, state = new, new_state
 

@@ -19,7 +19,9 @@ and what they compute cannot travel back to a touched one in time.  The cheap pe
 inputs (signals, hypotheses, bins) and the voxels' signal tokens are computed for every
 Gaussian; the walk only on the subgraph, and the network (voxel and view tokens, blocks, head)
 through the editor's own forward on the touched Gaussians (`local_forward`).
-`tests/splatpainter/test_sp_restricted.py` checks it against the full forward, bit for bit.
+`tests/splatpainter/test_sp_restricted.py` checks it against the full forward: untouched
+Gaussians bit for bit, touched ones to float rounding (an elementwise kernel rounds the values
+at a vector loop's tail, whose place depends on the tensor's length, within an ulp).
 """
 
 from __future__ import annotations
