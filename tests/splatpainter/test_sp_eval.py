@@ -363,6 +363,31 @@ def test_evaluate_json_lists_every_suite_baseline_and_ablation(tmp_path):
     assert report["baselines"] == ["backproject", "rule", "diffusion"]
     assert report["roles"]["model"] == "method"
     assert report["model"]["init_fingerprint"] is not None
+    _check_eval_table(report)
+
+
+def _check_eval_table(report):
+    """benchmarks/eval_table.py (the README table) reads this report: every suite's row, the
+    per-seed PSNR capped at 50 dB as the mean of the capped per-seed rows, and the targets."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "eval_table.py"
+    spec = importlib.util.spec_from_file_location("eval_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = mod.merge([report])
+    for suite in SUITES:
+        cell = table[(suite, "recolor")]
+        for method in ("model", "rule", "diffusion", "backproject", "model_kind", "model_init"):
+            key = (suite, "recolor", method)
+            rows = [r["psnr_changed"] for r in report["per_seed"]
+                    if (r["suite"], r["kind"], r["method"]) == key]  # fmt: skip
+            assert cell[method]["capped"] == sum(min(v, 50.0) for v in rows) / len(rows)
+        assert f"| {suite} | recolor |" in mod.markdown(table, with_before=False)
+    targets = {(r["suite"], r["target"]) for r in mod.targets(table, with_before=False)}
+    assert ("distractor", "model - best no-learning >= 3") in targets
+    assert ("capture", "model - backproject >= 3") in targets
 
 
 def test_evaluate_prints_a_table(tmp_path):

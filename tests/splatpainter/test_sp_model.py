@@ -159,6 +159,47 @@ def test_stage2_gate_can_reach_unseen_gaussians():
     assert bool((out[0]["gate"][~seen] > 0).all())
 
 
+def test_committed_weights_drop_what_is_below_the_floor_and_keep_their_reach():
+    from splatpainter.model.stage2 import _committed
+
+    mix = torch.tensor([[0.97, 0.03, 0.0], [0.9, 0.1, 0.0], [0.4, 0.35, 0.25]])
+    got = _committed(mix, 0.05, training=False, renormalise=True)
+    assert torch.equal(got[0], torch.tensor([1.0, 0.0, 0.0]))
+    torch.testing.assert_close(got[1], torch.tensor([0.85, 0.05, 0.0]) / 0.9)
+    torch.testing.assert_close(got.sum(-1), torch.ones(3))
+    corr = torch.tensor([[-0.04, 0.03, 0.5, -1.0]])
+    got = _committed(corr, 0.05, training=False, renormalise=False)
+    torch.testing.assert_close(got, torch.tensor([[0.0, 0.0, 0.45 / 0.95, -1.0]]))
+    w = corr.clone().requires_grad_()
+    _committed(w, 0.05, training=True, renormalise=False).sum().backward()
+    # below the floor the straight-through gradient alone, above it that plus the shrink's
+    assert torch.equal(w.grad[0, :2], torch.ones(2))
+    torch.testing.assert_close(w.grad[0, 2:], torch.full((2,), 1 + 1 / 0.95))
+
+
+def test_stage2_commit_applies_a_confident_choice_exactly():
+    """A head confident in the seen change (gate logit 5, hypothesis logits 5 / 0 / 0, a
+    correction of 0.02 of its bound) moves every Gaussian by exactly its seen change with
+    `commit`, and only to within a few thousandths without it."""
+    asset = make_demo_asset(300).asset
+    n = asset.num_gaussians
+    g = torch.Generator().manual_seed(4)
+    residual = torch.randn(n, 3, generator=g) * 0.1
+    sig = GaussianSignals(residual, torch.full((n,), 0.2), torch.ones(n), torch.ones(n))
+    rgb = {}
+    for commit in (0.0, 0.05):
+        model = EditorModel.initial(small_config(commit=commit)).eval()
+        fc2 = model.stage2.head.fc2
+        with torch.no_grad():
+            fc2.weight.zero_()
+            fc2.bias.copy_(torch.tensor([5.0, 5.0, 0.0, 0.0, 0.02, 0.02, 0.02]))
+            out, _ = model.stage2([_sample(model, asset, sig)], model.stage2.init_state(1))
+        assert float(out[0]["evidence"]) == 1.0
+        rgb[commit] = out[0]["rgb"]
+    assert torch.equal(rgb[0.05], residual)
+    assert 1e-4 < float((rgb[0.0] - residual).abs().max()) < 0.02
+
+
 def test_stage2_deltas_and_state_depend_on_edit():
     model = EditorModel.initial(small_config())
     asset = make_demo_asset(300).asset

@@ -347,8 +347,17 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
     from splatpainter.model.editor import DEFAULT_WEIGHTS, load_weights
 
     cfg = load_config(ROOT / "configs" / "splatpainter" / "editor.toml")
-    assert [p.name for p in cfg.phases] == ["base", "solve", "maps", "propagate", "gate", "gate2"]
+    assert [p.name for p in cfg.phases] == [
+        "base",
+        "solve",
+        "maps",
+        "propagate",
+        "gate",
+        "gate2",
+        "commit",
+    ]
     assert cfg.phases[-1].config.loss.unseen_gate_bce > 0
+    assert cfg.phases[-1].config.model.stage2.commit > 0
     shipped = load_weights(DEFAULT_WEIGHTS)
     assert shipped.trained
     assert shipped.config == cfg.phases[-1].config.model

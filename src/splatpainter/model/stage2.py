@@ -129,6 +129,12 @@ class Stage2Config:
     # change (a global recolour is not read as a relight that fits it worse).
     seen_prior_px: float = limited(0.0, ge=0)
     map_prior: float = limited(0.0, ge=0)
+    # Commitment (0: off, as in weights trained before it): edit weights above 1 - gate_floor
+    # are exactly one, hypothesis weights below `commit` exactly zero (the rest renormalised)
+    # and a free correction below `commit` of its bound exactly zero, so that a confident
+    # choice applies its map exactly instead of to within a few thousandths (trained through
+    # straight-through gradients, as the gate floor is).
+    commit: float = limited(0.0, ge=0, lt=1 / 3)
 
     def __post_init__(self) -> None:
         check_limits(self, "stage2")  # before the checks below divide by these
@@ -408,7 +414,8 @@ class Stage2Editor(nn.Module):
             # Gaussian is not part of the edit, it keeps its bits (and is not written back).
             f = c.gate_floor
             soft = torch.sigmoid(y[:, 0])
-            hard = torch.clamp((soft - f) / (1 - f), 0.0, 1.0)
+            top = 1 - f if c.commit > 0 else 1.0  # committed: above 1 - f is exactly one
+            hard = torch.clamp((soft - f) / (top - f), 0.0, 1.0)
             if self.training:  # straight-through: a gate below the floor can still learn to open
                 hard = hard + (soft - soft.detach())
             gate = evidence * hard
@@ -425,7 +432,11 @@ class Stage2Editor(nn.Module):
                 allowed = HINT_HYPOTHESES[s.hint].to(logits.device)
                 logits = logits.masked_fill(~allowed, float("-inf"))
             mix = torch.softmax(logits, -1)
-            corr = c.correction_scale * torch.tanh(y[:, 1 + NUM_HYPOTHESES :])
+            corr = torch.tanh(y[:, 1 + NUM_HYPOTHESES :])
+            if c.commit > 0:
+                mix = _committed(mix, c.commit, self.training, renormalise=True)
+                corr = _committed(corr, c.commit, self.training, renormalise=False)
+            corr = c.correction_scale * corr
             rgb = gate[:, None] * ((mix[..., None] * cand).sum(1) + corr)
             # The view-dependent bands follow the chosen hypotheses' maps (identity: unchanged).
             eye = torch.eye(3, dtype=rgb.dtype, device=rgb.device)
@@ -436,6 +447,17 @@ class Stage2Editor(nn.Module):
                  "mix": mix, "evidence": evidence}
             )  # fmt: skip
         return out, new_state
+
+
+def _committed(w: torch.Tensor, floor: float, training: bool, renormalise: bool) -> torch.Tensor:
+    """w shrunk toward zero by `floor` (|w| - floor, clamped at zero, sign kept), rescaled so
+    that the largest value keeps its reach: a mixture renormalised to sum one (its largest
+    weight is at least 1/3 > floor), a correction in [-1, 1] divided by 1 - floor.  Training
+    adds the gradient of w itself (straight-through, as the gate floor does), so that a value
+    below the floor still learns."""
+    kept = torch.sign(w) * (w.abs() - floor).clamp_min(0.0)
+    out = kept / kept.sum(-1, keepdim=True) if renormalise else kept / (1.0 - floor)
+    return out + (w - w.detach()) if training else out
 
 
 def _first_column(v: torch.Tensor) -> torch.Tensor:

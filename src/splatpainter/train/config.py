@@ -171,6 +171,7 @@ class TrainConfig:
 # initialisation (see loop.grow_state).
 PHASE_STAGE2_KEYS = (
     "solve_iters", "solve_prior_px", "fit_maps", "propagate", "seen_prior_px", "map_prior",
+    "commit",
 )  # fmt: skip
 PHASE_KEYS = ("name", "data", "optim", "loss", "stage2")
 
