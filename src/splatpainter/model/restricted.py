@@ -20,8 +20,8 @@ inputs (signals, hypotheses, bins) and the voxels' signal tokens are computed fo
 Gaussian; the walk only on the subgraph, and the network (voxel and view tokens, blocks, head)
 through the editor's own forward on the touched Gaussians (`local_forward`).
 `tests/splatpainter/test_sp_restricted.py` checks it against the full forward: untouched
-Gaussians bit for bit, touched ones to float rounding (an elementwise kernel rounds the values
-at a vector loop's tail, whose place depends on the tensor's length, within an ulp).
+Gaussians bit for bit, touched ones to float rounding (the walk on the subgraph can differ from
+the whole graph's in the last bit).
 """
 
 from __future__ import annotations
