@@ -223,8 +223,7 @@ def rasterize(
         "radius_clip": float(radius_clip),
         "antialiased": rasterize_mode == "antialiased",
     }
-    if backend == "auto":
-        backend = "gsplat" if means.is_cuda and gsplat_available() else "numba"
+    backend = _pick_backend(means, backend)
     gaussians = (means, quats, log_scales, opacity_logits, sh, colors)
     if backend == "gsplat":
         _check(gsplat_available(), "backend 'gsplat' needs CUDA and the gsplat package")
@@ -308,6 +307,32 @@ def _render_one(
     )
 
 
+def _pick_backend(means: torch.Tensor, backend: str) -> str:
+    """ "auto": gsplat for CUDA tensors where it is installed, else numba."""
+    if backend == "auto":
+        return "gsplat" if means.is_cuda and gsplat_available() else "numba"
+    return backend
+
+
+def _numba_projection(a: GaussianAsset, camera: Camera):
+    """(projection, opacities) of a detached asset on the numba backend, the inputs checked
+    first: what a render's compositing passes share (`ColorRender`, `splat_sums`)."""
+    from splatpainter.render import numba_backend as nb
+
+    w, h = int(camera.width), int(camera.height)
+    _validate(
+        a.means, a.quats, a.log_scales, a.opacity_logits, a.sh, None, camera.world_to_cam,
+        camera.K(), w, h,
+    )  # fmt: skip
+    w2c = camera.world_to_cam.to(device=a.means.device, dtype=a.means.dtype)
+    with torch.no_grad():
+        opacities = torch.sigmoid(a.opacity_logits)
+        proj = nb.project_numba(
+            a.means, a.quats, a.log_scales, w2c, camera.K().to(a.means), w, h, opacities=opacities
+        )
+    return proj, opacities
+
+
 def render(
     asset: GaussianAsset,
     camera: Camera,
@@ -354,27 +379,15 @@ class ColorRender:
 
     def __init__(self, asset: GaussianAsset, camera: Camera, *, backend: str = "auto") -> None:
         a = asset.detach()
-        if backend == "auto":
-            backend = "gsplat" if a.means.is_cuda and gsplat_available() else "numba"
+        backend = _pick_backend(a.means, backend)
         self.asset, self.camera, self.backend = a, camera, backend
         self._staged = None
         if backend != "numba":
             return
         from splatpainter.render import numba_backend as nb
 
+        proj, opacities = _numba_projection(a, camera)
         w, h = int(camera.width), int(camera.height)
-        _validate(
-            a.means, a.quats, a.log_scales, a.opacity_logits, a.sh, None, camera.world_to_cam,
-            camera.K(), w, h,
-        )  # fmt: skip
-        w2c = camera.world_to_cam.to(device=a.means.device, dtype=a.means.dtype)
-        with torch.no_grad():
-            opacities = torch.sigmoid(a.opacity_logits)
-            proj = nb.project_numba(
-                a.means, a.quats, a.log_scales, w2c, camera.K().to(a.means), w, h,
-                opacities=opacities, near_plane=float(NEAR_PLANE), far_plane=float(FAR_PLANE),
-                eps2d=float(EPS2D),
-            )  # fmt: skip
         bins = nb.bin_tiles(proj.means2d, proj.extents, proj.depths, w, h)
         self._staged = (proj, opacities, bins, _background(None, 3, 0, a.means))
 
@@ -432,8 +445,7 @@ def splat_sums(
     all C channels from one forward-like pass (`_kernels_lanes.raster_sums`); the others
     differentiate a render."""
     a = asset.detach()
-    if backend == "auto":
-        backend = "gsplat" if a.means.is_cuda and gsplat_available() else "numba"
+    backend = _pick_backend(a.means, backend)
     _check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {BACKENDS}")
     h, w = int(camera.height), int(camera.width)
     _check(
@@ -448,15 +460,7 @@ def splat_sums(
         return grad
     from splatpainter.render import numba_backend as nb
 
-    _validate(
-        a.means, a.quats, a.log_scales, a.opacity_logits, a.sh, None, camera.world_to_cam,
-        camera.K(), w, h,
-    )  # fmt: skip
-    w2c = camera.world_to_cam.to(device=a.means.device, dtype=a.means.dtype)
-    opacities = torch.sigmoid(a.opacity_logits)
-    proj = nb.project_numba(
-        a.means, a.quats, a.log_scales, w2c, camera.K().to(a.means), w, h, opacities=opacities
-    )
+    proj, opacities = _numba_projection(a, camera)
     sums = nb.splat_sums_numba(
         proj.means2d, proj.conics, opacities, proj.depths, proj.extents, w, h, targets
     )
@@ -500,8 +504,7 @@ def render_and_weights(
     gradients; on the numba backend from one projection and one binning, so that Stage I's
     preprocessing views at 1M Gaussians pay for those once, not twice."""
     a = asset.detach()
-    if backend == "auto":
-        backend = "gsplat" if a.means.is_cuda and gsplat_available() else "numba"
+    backend = _pick_backend(a.means, backend)
     if backend != "numba":
         with torch.no_grad():
             out = render(a, camera, backend=backend)
