@@ -348,6 +348,24 @@ def test_safetensors_weights_of_another_architecture_are_named(tmp_path):
         load_weights(path)
 
 
+def test_a_face_on_view_outvotes_more_weight_seen_edge_on_from_behind():
+    """A flat Gaussian (axis z) seen face-on from +z with weight 0.5 and edge-on from just
+    behind with weight 1.5 (a low-resolution silhouette): weight x sign would turn it to -z; the
+    squared weight x cosine keeps +z.  A view that sees it face-on from -z with more weight
+    still turns it (the vote is not one-sided)."""
+    from splatpainter.model.hypotheses import estimate_normals
+
+    quats = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    log_scales = torch.tensor([[-3.0, -3.0, -7.0]])
+    means = torch.zeros(1, 3)
+    centers = torch.tensor([[0.0, 0.0, 2.0], [2.0, 0.0, -0.1]])
+    n = estimate_normals(quats, log_scales, means, torch.tensor([[0.5], [1.5]]), centers)
+    assert torch.allclose(n, torch.tensor([[0.0, 0.0, 1.0]]))
+    centers[1] = torch.tensor([0.0, 0.0, -2.0])
+    n = estimate_normals(quats, log_scales, means, torch.tensor([[0.5], [0.6]]), centers)
+    assert torch.allclose(n, torch.tensor([[0.0, 0.0, -1.0]]))
+
+
 def test_faint_normals_take_the_side_of_their_own_sheet():
     """Two parallel sheets (the near and far walls of a thin part), normals +z and -z, well seen;
     faintly seen Gaussians whose vote went to the wrong side are turned back to their sheet's

@@ -225,13 +225,16 @@ def test_faint_normals_turned_region_by_region_equal_the_all_pairs_call():
 def test_asset_normals_by_regions_equal_estimate_normals(monkeypatch):
     from splatpainter.model import stage1
     from splatpainter.model.hypotheses import estimate_normals
+    from splatpainter.render.api import splat_weights
 
     asset = make_demo_asset(4000, seed=2).asset
-    views = load_editor().preprocess(asset)
-    centers = torch.stack([c.camera_center().to(asset.means) for c in views.cameras])
-    ref = estimate_normals(asset.quats, asset.log_scales, asset.means, views.weights, centers)
+    cfg = load_editor().config.stage1
+    cams = stage1.orbit_views(asset, cfg.normal_views, cfg.normal_view_size)
+    weights = torch.stack([splat_weights(asset, c) for c in cams])
+    centers = torch.stack([c.camera_center().to(asset.means) for c in cams])
+    ref = estimate_normals(asset.quats, asset.log_scales, asset.means, weights, centers)
     monkeypatch.setattr(stage1, "LOCAL_ORIENT_PAIRS", 0)
-    assert torch.equal(stage1.asset_normals(asset, views), ref)
+    assert torch.equal(stage1.asset_normals(asset, cfg), ref)
 
 
 def test_the_solve_steps_on_the_window_s_gaussians_equal_those_on_every_contributing_one():

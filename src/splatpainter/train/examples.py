@@ -39,7 +39,8 @@ from splatpainter.train.data import (
     make_sequence,
 )
 
-EXAMPLE_VERSION = 3  # 2: signals carry the least-squares solve; 3: SH rest, graph, suites
+EXAMPLE_VERSION = 4  # 2: signals carry the least-squares solve; 3: SH rest, graph, suites;
+# 4: Stage I normals cached (voted by their own views, weight squared x cosine)
 
 
 def _render_rgb(asset: GaussianAsset, cams: list[Camera]) -> torch.Tensor:
@@ -67,9 +68,11 @@ def build_example(
     pre = render_preprocess_views(seq.source, stage1)
     # Signals and view tokens depend on the voxel frame only through the Plücker normalisation.
     vox = voxelize(seq.source.means, stage1.grid_size)
-    # The shading fit needs the normals Stage I will estimate (from the same preprocess views).
-    normals = asset_normals(seq.source, pre) if settings.fit_maps else None
-    frame = Stage1Latent(vox, torch.zeros(0), torch.zeros(0), normals)
+    # Stage I's normals (a fixed function of the asset, so computed once here, not every step);
+    # the shading fit needs them too.
+    normals = asset_normals(seq.source, stage1)
+    shading_normals = normals if settings.fit_maps else None
+    frame = Stage1Latent(vox, torch.zeros(0), torch.zeros(0), shading_normals)
     loss_cams = [c.resized(loss_view_size, loss_view_size) for c in seq.heldout]
     before = seq.source
     before_loss = _render_rgb(before, loss_cams)
@@ -128,6 +131,7 @@ def build_example(
         "seed": int(seed),
         "graph": graph_dict,
         "source": {k: v.contiguous() for k, v in seq.source.tensors().items()},
+        "normals": normals,
         "pre": {
             "rgb": pre.rgb.to(torch.float16),
             "alpha": pre.alpha.to(torch.float16),
@@ -187,6 +191,7 @@ def cache_key(
         "spec": asdict(spec),
         "grid": stage1.grid_size,
         "views": [stage1.num_views, stage1.view_size],
+        "normal_views": [stage1.normal_views, stage1.normal_view_size],
         "loss_view_size": loss_view_size,
     }
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]

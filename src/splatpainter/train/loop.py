@@ -96,7 +96,7 @@ def sequence_loss(
 
     lc = cfg.loss
     source = example_source(ex)
-    latent = model.stage1([source], [example_preprocess(ex)])[0]
+    latent = model.stage1([source], [example_preprocess(ex)], [ex["normals"]])[0]
     if ex.get("graph") is not None:
         latent.graph = SplatGraph.from_dict(ex["graph"])
     state = model.stage2.init_state(1)
