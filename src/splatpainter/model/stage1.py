@@ -69,9 +69,7 @@ class Stage1Config:
     decode_opacity: bool = False
 
     def __post_init__(self) -> None:
-        check_limits(self, "stage1")  # before the checks below divide by these
-        if self.grid_size < 1 or self.max_group < 1 or min(self.num_views, self.normal_views) < 0:
-            raise ValueError("grid_size and max_group must be >= 1, view counts >= 0")
+        check_limits(self, "stage1")  # (grid_size, max_group and view counts: their ranges)
         if self.dim % self.num_heads != 0:
             raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
 
