@@ -90,6 +90,29 @@ def test_faint_normals_by_cells_equal_the_all_pairs_call_on_clustered_points():
     assert int((ref != normals).any(1).sum()) > 100
 
 
+def test_nearest_in_balls_of_the_kernel_equals_the_torch_reference():
+    """Each point's k nearest among its own ball: exact ties (points on a lattice, copies of a
+    candidate) go to the lower index, a ball with fewer than k pads with -1, as the reference."""
+    from splatpainter.model._kernels import nearest_in_balls, nearest_in_balls_reference
+
+    g = torch.Generator().manual_seed(3)
+    cand = torch.cat(
+        [torch.rand(300, 3, generator=g), torch.randint(0, 4, (200, 3), generator=g) / 4]
+    )
+    cand = torch.cat([cand, cand[:50]])  # exact duplicates at higher indices
+    points = torch.cat(
+        [torch.rand(400, 3, generator=g), torch.randint(0, 4, (100, 3), generator=g) / 4]
+    )
+    sizes = torch.randint(3, 120, (60,), generator=g)
+    flat = torch.cat([torch.randperm(cand.shape[0], generator=g)[: int(s)] for s in sizes])
+    starts = torch.cumsum(sizes, 0) - sizes
+    row_ball = torch.randint(0, 60, (points.shape[0],), generator=g)
+    args = (points, row_ball, cand, starts, sizes, flat, 26)
+    got, ref = nearest_in_balls(*args), nearest_in_balls_reference(*args)
+    assert torch.equal(got, ref)
+    assert bool((got == -1).any()) and bool((got[:, 0] >= 0).all())
+
+
 def test_anchor_counts_by_bitmap_equal_unique(monkeypatch):
     from splatpainter.model import graph
 
