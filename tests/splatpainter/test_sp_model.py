@@ -385,3 +385,25 @@ def test_faint_normals_take_the_side_of_their_own_sheet():
     assert int(wrong.sum()) > 20
     assert torch.equal(out, truth)
     assert torch.equal(out[trusted], given[trusted])  # trusted ones are never turned
+
+
+def test_a_bulky_gaussian_takes_its_surface_s_normal_and_a_flat_one_its_own_axis():
+    """Centres jittered around the plane z = 0.1 x: a bulky Gaussian (axes 1 : 0.8 : 0.6, the
+    shortest along x) takes the plane's normal from its neighbours' spread; a flat one
+    (1 : 1 : 0.1, shortest along x too) keeps its own axis, as the procedural splats need."""
+    from splatpainter.model.hypotheses import FLAT_RATIO, surface_axes
+
+    g = torch.Generator().manual_seed(4)
+    xy = torch.rand(400, 2, generator=g)
+    means = torch.stack([xy[:, 0], xy[:, 1], 0.1 * xy[:, 0]], -1)
+    means = means + 0.002 * torch.randn(400, 3, generator=g)
+    quats = torch.tensor([1.0, 0.0, 0.0, 0.0]).expand(400, 4)
+    bulky = torch.log(torch.tensor([0.6, 0.8, 1.0])) - 4
+    flat = torch.log(torch.tensor([FLAT_RATIO / 3, 1.0, 1.0])) - 4
+    log_scales = torch.where(torch.arange(400)[:, None] < 200, bulky, flat)
+    n = surface_axes(quats, log_scales, means)
+    plane = torch.nn.functional.normalize(torch.tensor([-0.1, 0.0, 1.0]), dim=0)
+    cos = (n[:200] * plane).sum(-1).abs()
+    assert float(cos.min()) > 0.98
+    assert torch.equal(n[200:].abs(), torch.tensor([1.0, 0.0, 0.0]).expand(200, 3))
+    assert torch.allclose(n.norm(dim=-1), torch.ones(400))

@@ -28,7 +28,8 @@ import torch
 from appshell.atomic import atomic_write_with, remove_stale_temps
 from appshell.inputs import InputFileError, env_megabytes, load_torch
 
-CACHE_VERSION = 2  # bump when what Stage I or the graph computes changes (2: normals' vote)
+CACHE_VERSION = 3  # bump when what Stage I or the graph computes changes (2: normals' vote;
+# 3: bulky Gaussians' normals fitted to their neighbours)
 ENTRY_FORMAT = "splatpainter-latent"
 DIR_ENV = "SPLATPAINTER_CACHE_DIR"
 SIZE_ENV = "SPLATPAINTER_CACHE_MB"

@@ -240,8 +240,15 @@ def pool_image_features(
 def side_by_side() -> int:
     """Threads for independent per-view or per-chunk calls: torch's thread count (the kernels'
     serial parts, binning and sorting, and torch's small calls then fill the cores), at most 4
-    (each call is parallel itself)."""
-    return max(1, min(4, torch.get_num_threads()))
+    (each call is parallel itself).  One unless numba's threading layer takes concurrent
+    calls (omp, tbb; its "workqueue" fallback aborts on them), or none is chosen yet."""
+    import numba
+
+    try:
+        safe = numba.threading_layer() in ("omp", "tbb")
+    except ValueError:  # no parallel kernel has run in this process yet
+        safe = False
+    return max(1, min(4, torch.get_num_threads())) if safe else 1
 
 
 # Above this many (faint x trusted) distance pairs the faint normals are oriented region by

@@ -39,8 +39,9 @@ from splatpainter.train.data import (
     make_sequence,
 )
 
-EXAMPLE_VERSION = 4  # 2: signals carry the least-squares solve; 3: SH rest, graph, suites;
-# 4: Stage I normals cached (voted by their own views, weight squared x cosine)
+EXAMPLE_VERSION = 5  # 2: signals carry the least-squares solve; 3: SH rest, graph, suites;
+# 4: Stage I normals cached (voted by their own views, weight squared x cosine); 5: a bulky
+# Gaussian's normal fitted to its neighbours' centres
 
 
 def _render_rgb(asset: GaussianAsset, cams: list[Camera]) -> torch.Tensor:
