@@ -2,8 +2,9 @@
 
 `nearest_in_balls` is the compiled form of "each point's k nearest among its own candidate
 set", which torch can only do as a distance matrix over a whole chunk's candidates and a topk
-(2.5 s of the 1M-Gaussian cold open; this takes well under a tenth of that).  Its reference is
-`nearest_in_balls_reference`, the torch calls it replaces; tests check the two agree.
+(2.5 s of the 1M-Gaussian cold open; this kernel about 1 s there, under load).  Its reference
+is `nearest_in_balls_reference`, the same selection point by point in torch; tests check the
+two agree.
 """
 
 from __future__ import annotations
