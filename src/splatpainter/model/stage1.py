@@ -362,8 +362,8 @@ def orient_faint_locally(
 
     def turn(rows: torch.Tensor, near: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         near = torch.unique(near)  # sorted, so the trusted come in index order
-        sub = torch.cat([torch.sort(rows).values, good[near[near >= 0]]])
-        sub = sub[torch.argsort(sub)]  # the sub-problem in index order, as the full call sees it
+        # the sub-problem in index order, as the full call sees it (the indices are distinct)
+        sub = torch.cat([rows, good[near[near >= 0]]]).sort().values
         turned = orient_by_neighbours(n[sub], means[sub], trusted[sub], log_scales[sub])
         is_row = ~trusted[sub]
         return sub[is_row], turned[is_row]
