@@ -207,3 +207,54 @@ def test_colour_maps_are_left_to_the_per_gaussian_fit_when_every_masked_pixel_is
     sig, _ = gather_signals(demo.asset, [view], solve_iters=2, normals=demo.normals.float(),
                             fit_maps=("affine", "shading"))  # fmt: skip
     assert sig.solved is not None and sig.affine is None and sig.shading is None
+
+
+def _sh3_asset(n: int = 2500, seed: int = 3):
+    """The demo asset at SH degree 3 with view-dependent bands of a capture's size."""
+    asset = make_demo_asset(n, seed=seed).asset.with_sh_degree(3)
+    sh = asset.sh.clone()
+    gen = torch.Generator().manual_seed(seed)
+    sh[:, 1:, :] = 0.08 * torch.randn(sh[:, 1:, :].shape, generator=gen)
+    return asset.replace(sh=sh)
+
+
+def test_a_strong_affine_recolour_is_recovered_through_the_colour_box_and_the_sh_bands():
+    """The map moves the SH bands too (the pixels change by the map of the view colours), and
+    it pushes a third of the colour channels out of the box, where the edit clamps them: the
+    pixel fit models both, so it still finds the map."""
+    from splatpainter.assets.gaussians import map_sh_bands
+
+    asset = _sh3_asset()
+    colors = base_colors(asset)
+    m = torch.tensor([[1.5, -0.3, 0.2], [0.4, 1.3, -0.4], [-0.2, 0.3, 1.4], [0.15, -0.2, 0.1]])
+    raw = torch.cat([colors, torch.ones_like(colors[:, :1])], -1) @ m
+    assert float(((raw < 0) | (raw > 1)).float().mean()) > 0.3
+    sh = with_colors(asset, raw.clamp(0, 1)).sh.clone()
+    sh[:, 1:, :] = map_sh_bands(asset.sh[:, 1:, :], m[:3].T.expand(len(colors), 3, 3))
+    cam = view_camera(asset, 30.0, 30.0, 64)
+    view = EditView(cam, render(asset.replace(sh=sh), cam).rgb.clamp(0, 1))
+    sig, _ = gather_signals(asset, [view], solve_iters=6, fit_maps=("affine",))
+    assert torch.allclose(sig.affine, m, atol=0.03), sig.affine
+    assert sig.hsv is None  # the affine map explains the pixels better
+
+
+def test_an_hsv_adjustment_is_recognised_and_recovered():
+    """The web editor's own HSV tool on every Gaussian: no affine map makes a hue turn of
+    120 degrees, so the recolour fitted in its place is that adjustment, and its colours are
+    the tool's on every Gaussian."""
+    from splatpainter.assets.colorspace import adjust_hsv_colors
+    from splatpainter.model.hypotheses import recolor
+    from splatpainter.web.selection import adjust_hsv
+
+    asset = _sh3_asset()
+    edited = adjust_hsv(asset, torch.ones(asset.num_gaussians, dtype=torch.bool), 120.0, 1.3, 0.8)
+    cam = view_camera(asset, 30.0, 30.0, 64)
+    view = EditView(cam, render(edited, cam).rgb.clamp(0, 1))
+    sig, _ = gather_signals(asset, [view], solve_iters=6, fit_maps=("affine",))
+    assert sig.hsv is not None
+    hue, sat, val = sig.hsv.tolist()
+    assert abs(hue - 120.0) < 1.0 and abs(sat - 1.3) < 0.03 and abs(val - 0.8) < 0.02, sig.hsv
+    colors = base_colors(asset)
+    got = recolor(colors, sig.affine, sig.hsv)
+    want = adjust_hsv_colors(colors, 120.0, 1.3, 0.8)
+    assert float((got - want).abs().max()) < 0.02

@@ -66,7 +66,7 @@ class EditFit:
     cand_affine: torch.Tensor  # [N, 3] the affine recolour's delta on every Gaussian
     cand_shade: torch.Tensor  # [N, 3] the shading's delta on every Gaussian
     linear: torch.Tensor  # [3, 3] the affine map's linear part on a colour column vector
-    rest_linear: torch.Tensor  # [3, 3] the same, refitted for the SH bands (see fit_edit)
+    rest_linear: torch.Tensor  # [3, 3] or [N, 3, 3] the recolour's SH-band maps (see fit_edit)
     shade: torch.Tensor  # [N] the shading factor
     bin_share: torch.Tensor  # [N] changed share of the seen weight of each colour bin (-1: none)
 
@@ -99,10 +99,10 @@ def fit_edit(
     """Gather the signals and fit the hypotheses; None when no masked pixel differs from the
     render (nothing to do)."""
     from splatpainter.model.hypotheses import (
-        band_map,
         edit_hypotheses,
         fit_affine,
         fit_shading,
+        recolor_band_maps,
         shading_factor,
     )
 
@@ -136,6 +136,7 @@ def fit_edit(
         normals,
         affine=s.affine,
         shading=s.shading,
+        hsv=s.hsv,
     )
     w = s.in_mask_weight * s.support
     aff = fit_affine(colors, colors + seen_delta, w) if s.affine is None else s.affine.to(colors)
@@ -155,7 +156,7 @@ def fit_edit(
         cand_affine=cand[:, 1],
         cand_shade=cand[:, 2],
         linear=aff[:3].T.contiguous(),
-        rest_linear=band_map(colors, cand[:, 1], seen_delta, w).contiguous(),
+        rest_linear=recolor_band_maps(colors, aff, s.hsv, seen_delta, w).contiguous(),
         shade=shade,
         bin_share=bins[:, 0],
     )

@@ -154,7 +154,7 @@ def gather_signals(
     has = wm > 0
     support = torch.where(wt > 0, wm / torch.where(wt > 0, wt, torch.ones_like(wt)), zeros)
     contributing = [ev.contributing for ev in evidence]
-    solved = affine = shading = None
+    solved = affine = shading = hsv = None
     if solve_iters > 0:
         from splatpainter.assets.gaussians import sh_dc_to_rgb
         from splatpainter.edit.solve import fit_color_maps
@@ -171,7 +171,7 @@ def gather_signals(
                 normals = normals.to(colors)
                 _, dif, light = fit_shading(colors, colors + solved, normals, wm * support)
                 init = dif * light
-            affine, shading = fit_color_maps(
+            affine, shading, hsv = fit_color_maps(
                 a,
                 [ev.view.camera for ev in evidence],
                 [ev.view.image for ev in evidence],
@@ -193,5 +193,6 @@ def gather_signals(
         solved=solved,
         affine=affine,
         shading=shading,
+        hsv=hsv,
     )
     return signals, evidence

@@ -23,14 +23,28 @@ ones correct overlaps and edges.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 
+from splatpainter.assets.colorspace import adjust_hsv, hsv_to_rgb, rgb_to_hsv
 from splatpainter.edit.views import pixel_box
-from splatpainter.model.hypotheses import ridge_solve
+from splatpainter.model.hypotheses import box_colors, ridge_solve
 from splatpainter.model.stage2 import COLOR_MAPS
 
 SOLVE_ITERS = 12  # projected FISTA steps (each: one render + colour backward per edit view)
 SOLVE_DAMPING = 1e-2  # lam, relative to the SIRT scaling D
+
+
+def view_colors(asset, camera) -> torch.Tensor:
+    """[N, 3] float64: the colour each Gaussian shows this camera (SH at its view direction), as
+    the renderer composites it.  An edit's colour map acts on the SH bands as on the base colour,
+    so a view's pixel change is the map's action on these colours, not on the base ones."""
+    from splatpainter.render.project import sh_to_color
+
+    a = asset.detach()
+    w2c = camera.to(a.device).world_to_cam
+    return sh_to_color(a.means.double(), a.sh.double(), w2c.double(), a.sh_degree)
 
 
 def _render_linear(asset, camera, colors: torch.Tensor) -> torch.Tensor:
@@ -178,6 +192,10 @@ def _reach_pass(asset_v, camera, ones: torch.Tensor):
 
 # An 8-bit edit clips at the top of the colour box: pixels there say only "at least this bright".
 CLIP_LEVEL = 254.5 / 255.0
+CLAMP_ITERS = 4  # fits of the recolour, each on the clamped set of the one before
+HUE_STEPS = 36  # hue turns tried to start the HSV recolour's fit
+HSV_ITERS = 3  # its Gauss-Newton steps (each: one 12-channel render per view)
+START_PIXELS = 1024  # changed pixels the start's hue search looks at (evenly picked)
 # A pixel takes part in the recolour fit if its change exceeds this (the eval's "changed" test).
 CHANGED_LEVEL = 2.0 / 255.0
 SHADING_ITERS = 3  # refits of the lit set (each: one 9-channel render per view)
@@ -188,6 +206,18 @@ ROBUST_SCALE = 4.0 / 255.0  # a pixel this far off counts half
 def _normal_solve(xtx: torch.Tensor, xty: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
     """argmin |X b - y|^2 + eps |b - prior|^2 from X^T X, X^T y (eps keeps it well posed)."""
     return ridge_solve(xtx, xty, prior, 1e-6 * (float(xtx.diagonal().sum()) + 1e-12))
+
+
+class _FitView(NamedTuple):
+    """One edit view's share of the colour-map fits: the window of its usable masked pixels."""
+
+    asset: Any  # the Gaussians that contribute to the view
+    camera: Any  # cropped to the window
+    idx: torch.Tensor  # [n] their rows in the asset
+    before: torch.Tensor  # [h, w, 3] the render
+    change: torch.Tensor  # [h, w, 3] edited - render
+    weight: torch.Tensor  # [h, w] masked and not clipped at the top
+    colors: torch.Tensor  # [n, 3] the colours they show this view (`view_colors`)
 
 
 def fit_color_maps(
@@ -205,16 +235,19 @@ def fit_color_maps(
     """The affine recolour [4, 3] and the shading (ambient, diffuse, light dir) that best
     reproduce the edit views' pixels, fitted in image space.
 
-    Both maps act on base colours, and a render is linear in them (rgb = A c + T bg), so their
-    pixel changes are linear in the maps' parameters: an affine map M, b changes channel k by
-    sum_j M_jk A c_j + b_k A 1 - A c_k, and a shading c -> c (a + max(0, n.v)) with a fixed lit
-    set L = {n.v > 0} by (a - 1) A c + sum_x v_x A (c n_x [L]).  Fitting pixels instead of the
+    Both maps act on the colour c each Gaussian shows the view (`view_colors`: its base colour
+    plus the SH bands, which the maps move alike), and a render is linear in it
+    (rgb = A c + T bg), so their pixel changes are linear in the maps' parameters: an affine
+    map M, b changes channel k by sum_j M_jk A c_j + b_k A 1 - A c_k, and a shading
+    c -> c (a + max(0, n.v)) with a fixed lit set L = {n.v > 0} by
+    (a - 1) A c + sum_x v_x A (c n_x [L]).  Fitting pixels instead of the
     solved per-Gaussian colours avoids their noise (overlapping Gaussians share a pixel's
     change arbitrarily); the lit set is refitted until it settles.  Masked pixels take part,
     except clipped ones; the recolour uses only pixels that changed.  shading_init [3]: a
     first guess of v (e.g. fitted to the solved per-Gaussian colours) for the first lit set.
     maps: which of the two to fit (the other comes back as None; both do when no masked pixel
-    is usable).  normals [N, 3] are needed for the shading only.
+    is usable).  normals [N, 3] are needed for the shading only; colors [N, 3] are the base
+    colours.
     """
     a = asset.detach()
     dt = torch.float64
@@ -234,72 +267,222 @@ def fit_color_maps(
         x0, y0, x1, y1 = box
         window = cam.cropped(x0, y0, x1 - x0 + 1, y1 - y0 + 1)
         crop = (slice(y0, y1 + 1), slice(x0, x1 + 1))
-        views.append((a.subset(idx), window, idx, (ed - ren)[crop], w[crop]))
+        asset_v = a.subset(idx)
+        before, change = ren[crop], (ed - ren)[crop]
+        views.append(
+            _FitView(asset_v, window, idx, before, change, w[crop], view_colors(asset_v, cam))
+        )
 
-    def render_of(asset_v, cam, idx, per_gauss: torch.Tensor) -> torch.Tensor:
-        return _render_linear(asset_v, cam, per_gauss[idx].to(a.means.dtype)).to(dt)
+    def render_of(asset_v, cam, per_gauss: torch.Tensor) -> torch.Tensor:
+        return _render_linear(asset_v, cam, per_gauss.to(a.means.dtype)).to(dt)
 
-    c = colors.to(dt)
-    affine = shading = None
+    affine = shading = hsv = None
     if not views:  # no usable pixel (all masked ones clipped): nothing to fit
-        return affine, shading
+        return affine, shading, hsv
     with torch.no_grad():
         # one multi-channel render per view gives A c and A 1 (the renderer's colours may have
         # any number of channels, and the compositing is shared by all of them)
         both = [
-            render_of(av, cam, idx, torch.cat([c, torch.ones_like(c[:, :1])], -1))
-            for av, cam, idx, _, _ in views
+            render_of(
+                v.asset, v.camera, torch.cat([v.colors, torch.ones_like(v.colors[:, :1])], -1)
+            )
+            for v in views
         ]
         base = [b[..., :3] for b in both]
         if "affine" in maps:
-            affine = _fit_affine(views, both).to(colors.dtype)
+            affine = _fit_affine(views, both, colors, render_of)
+            hsv = _fit_hsv(views, both, render_of)
+            if hsv is not None:
+                base_v = [colors.to(dt)[v.idx] for v in views]
+                lin = affine[:3]
+                affine_out = [
+                    box_colors(c @ lin + affine[3], c) + (v.colors - c) @ lin
+                    for v, c in zip(views, base_v, strict=True)
+                ]
+                if _rss(views, both, render_of, affine_out) <= hsv[1]:
+                    hsv = None
+                else:
+                    hsv = hsv[0].to(colors.dtype)
+            affine = affine.to(colors.dtype)
         if "shading" in maps:
             if normals is None:
                 raise ValueError("fitting the shading needs the Gaussians' normals")
-            av_ = _fit_shading(views, base, render_of, c, normals.to(dt), shading_init)
+            av_ = _fit_shading(views, base, render_of, normals.to(dt), shading_init)
             d = av_[1:].norm()
             light = av_[1:] / d.clamp_min(1e-12)
             shading = tuple(x.to(colors.dtype) for x in (av_[0], d, light))
-    return affine, shading  # type: ignore[return-value]
+    return affine, shading, hsv  # type: ignore[return-value]
 
 
-def _fit_affine(views, both: list[torch.Tensor]) -> torch.Tensor:
+def _fit_affine(views, both: list[torch.Tensor], colors: torch.Tensor, render_of) -> torch.Tensor:
     """Per output channel k: features (A c_r, A c_g, A c_b, A 1) against t_k + A c_k, on the
-    pixels that changed.  both[v]: [h, w, 4] renders of (c, 1)."""
+    pixels that changed.  both[v]: [h, w, 4] renders of (c, 1).
+
+    The new base colour stays in the colour box (`edit_hypotheses` clamps it there, as a 2D
+    tool does), and the renderer shows no negative colour, so a strong recolour is affine
+    only where neither clamps.  With the clamped sets fixed the pixels are still linear in the
+    map: a Gaussian whose base colour is clamped adds its bound plus its SH bands' map, an
+    unclamped one the map of its whole view colour, one shown black nothing.  The sets are
+    refitted until they settle."""
     dt = both[0].dtype
-    xtx = torch.zeros(3, 4, 4, dtype=dt)
-    xty = torch.zeros(3, 4, 1, dtype=dt)
-    for (_, _, _, t, w), feats4 in zip(views, both, strict=True):
-        rc = feats4[..., :3]
-        feats = feats4.reshape(-1, 4)
-        wk = (w * (t.abs().amax(-1) > CHANGED_LEVEL).to(dt)).reshape(-1, 1)
-        y = (t + rc).reshape(-1, 3)
-        xtx += (feats * wk).T @ feats
-        xty += ((feats * wk).T @ y).T[:, :, None]
     prior = torch.cat([torch.eye(3, dtype=dt), torch.zeros(1, 3, dtype=dt)])
-    return torch.stack(
-        [_normal_solve(xtx[k], xty[k], prior[:, k : k + 1])[:, 0] for k in range(3)], 1
-    )
+    base = colors.to(dt)
+    state = None  # per view (free, bound, shown), each [n, 3]; None: every Gaussian free
+    aff = prior
+    for _ in range(CLAMP_ITERS):
+        xtx = torch.zeros(3, 4, 4, dtype=dt)
+        xty = torch.zeros(3, 4, 1, dtype=dt)
+        for i, (v, feats4) in enumerate(zip(views, both, strict=True)):
+            y = (v.change + feats4[..., :3]).reshape(-1, 3)
+            if state is None:
+                per_channel = [(feats4.reshape(-1, 4), y[:, k]) for k in range(3)]
+            else:
+                free, bound, shown = state[i]
+                c = base[v.idx]
+                parts = [
+                    torch.cat([c * free[:, k : k + 1] + v.colors - c, free[:, k : k + 1]], -1)
+                    * shown[:, k : k + 1]
+                    for k in range(3)
+                ]
+                parts.append(bound * (1 - free) * shown)
+                r = render_of(v.asset, v.camera, torch.cat(parts, -1))
+                per_channel = [
+                    (r[..., 4 * k : 4 * k + 4].reshape(-1, 4), y[:, k] - r[..., 12 + k].reshape(-1))
+                    for k in range(3)
+                ]
+            changed = _changed_weight(v)
+            for k, (feats, yk) in enumerate(per_channel):
+                fw = feats * changed
+                xtx[k] += fw.T @ feats
+                xty[k] += fw.T @ yk[:, None]
+        aff = torch.stack(
+            [_normal_solve(xtx[k], xty[k], prior[:, k : k + 1])[:, 0] for k in range(3)], 1
+        )
+        now = [_clamp_state(base[v.idx], v.colors, aff) for v in views]
+        if state is not None and all(
+            all(bool((x == y).all()) for x, y in zip(a, b, strict=True))
+            for a, b in zip(now, state, strict=True)
+        ):
+            break
+        state = now
+    return aff
+
+
+def _clamp_state(c: torch.Tensor, view_c: torch.Tensor, aff: torch.Tensor):
+    """(free, bound, shown) [n, 3] of Gaussians with base colours c and view colours view_c
+    under the affine map: channels the colour box leaves alone, the box's bound where it does
+    not, and channels whose new view colour the renderer shows (not below 0)."""
+    new = c @ aff[:3] + aff[3]
+    lo, hi = c.clamp_max(0.0), c.clamp_min(1.0)
+    free = (new >= lo) & (new <= hi)
+    shown = box_colors(new, c) + (view_c - c) @ aff[:3] >= 0
+    return free.to(c.dtype), torch.where(new > hi, hi, lo), shown.to(c.dtype)
+
+
+def _changed_weight(v: _FitView) -> torch.Tensor:
+    """[h * w, 1] the weight of the pixels the recolour fits (masked, unclipped, changed)."""
+    return (v.weight * (v.change.abs().amax(-1) > CHANGED_LEVEL)).reshape(-1, 1)
+
+
+def _rss(views, both, render_of, outs: list[torch.Tensor]) -> float:
+    """Weighted squared error of the recolour fits' pixels when each view's Gaussians show
+    outs[v] [n, 3] (their new view colours)."""
+    total = 0.0
+    for v, feats4, out in zip(views, both, outs, strict=True):
+        y = (v.change + feats4[..., :3]).reshape(-1, 3)
+        r = render_of(v.asset, v.camera, out).reshape(-1, 3)
+        total += float((_changed_weight(v) * (y - r) ** 2).sum())
+    return total
+
+
+def _hsv_start(views) -> tuple[float, float, float] | None:
+    """(hue turn, saturation gain, brightness gain) that best map the changed pixels' colours
+    before the edit to after, the best of HUE_STEPS turns (on at most START_PIXELS of them).
+    A pixel mixes Gaussians' colours, so this only starts the fit on them."""
+    keep = [(_changed_weight(v)[:, 0], v) for v in views]
+    w = torch.cat([m[m > 0] for m, _ in keep])
+    if len(w) == 0:
+        return None
+    before = torch.cat([v.before.reshape(-1, 3)[m > 0] for m, v in keep]).clamp_min(0.0)
+    after = torch.cat([(v.before + v.change).reshape(-1, 3)[m > 0] for m, v in keep])
+    pick = torch.arange(0, len(w), max(1, len(w) // START_PIXELS))
+    w, before, after = w[pick], before[pick], after[pick]
+    hues = torch.arange(HUE_STEPS, dtype=torch.float64) * (360.0 / HUE_STEPS)
+    hsv = rgb_to_hsv(before).repeat(HUE_STEPS, 1)
+    hsv[:, 0] += hues.repeat_interleave(len(w))
+    turned = hsv_to_rgb(hsv).reshape(HUE_STEPS, -1)  # [hues, pixels * 3]
+    # saturation x s, value x v: v val - v s (val - turned), linear in (v, v s)
+    val = before.amax(-1, keepdim=True).expand_as(before).reshape(1, -1)
+    x = torch.stack([val.expand_as(turned), turned - val], -1)  # [hues, P3, 2]
+    wx = x * w.repeat_interleave(3)[None, :, None]
+    y = after.reshape(1, -1, 1).expand(HUE_STEPS, -1, -1)
+    eye = 1e-9 * torch.eye(2, dtype=x.dtype)
+    ab = torch.linalg.solve(wx.transpose(1, 2) @ x + eye, wx.transpose(1, 2) @ y)  # [hues, 2, 1]
+    rss = ((x @ ab - y) ** 2 * w.repeat_interleave(3)[None, :, None]).sum((1, 2))
+    best = int(rss.argmin())
+    v_gain = max(float(ab[best, 0, 0]), 1e-3)
+    s_gain = float(ab[best, 1, 0]) / v_gain
+    return float(hues[best]), min(max(s_gain, 0.0), 10.0), min(v_gain, 10.0)
+
+
+def _fit_hsv(views, both, render_of) -> tuple[torch.Tensor, float] | None:
+    """An HSV adjustment (hue degrees, saturation gain, brightness gain) of the view colours
+    that best reproduces the recolour fit's pixels, and its weighted squared error: Gauss-Newton
+    from `_hsv_start`, the render of each parameter's finite difference giving its column."""
+    start = _hsv_start(views)
+    if start is None:
+        return None
+    p = torch.tensor(start, dtype=torch.float64)
+    steps = torch.tensor([0.5, 1e-3, 1e-3], dtype=torch.float64)
+    hsv_v = [rgb_to_hsv(v.colors) for v in views]  # view colours are >= 0
+    best = None
+    for _ in range(HSV_ITERS):
+        xtx = torch.zeros(3, 3, dtype=torch.float64)
+        xty = torch.zeros(3, dtype=torch.float64)
+        rss = 0.0
+        for v, feats4, hsv in zip(views, both, hsv_v, strict=True):
+            trials = [p, *(p + torch.eye(3, dtype=p.dtype)[j] * steps[j] for j in range(3))]
+            outs = [box_colors(adjust_hsv(hsv, *t.tolist()), v.colors) for t in trials]
+            r = render_of(v.asset, v.camera, torch.cat(outs, -1)).reshape(-1, 12)
+            y = (v.change + feats4[..., :3]).reshape(-1, 3)
+            res = y - r[:, :3]
+            jac = torch.stack(
+                [(r[:, 3 * j + 3 : 3 * j + 6] - r[:, :3]) / steps[j] for j in range(3)], -1
+            )
+            m = _changed_weight(v)
+            rss += float((m * res**2).sum())
+            jw = jac * m[..., None]
+            xtx += torch.einsum("pcj,pck->jk", jw, jac)
+            xty += torch.einsum("pcj,pc->j", jw, res)
+        if best is None or rss < best[1]:
+            best = (p.clone(), rss)
+        damp = 1e-6 * float(xtx.diagonal().sum()) + 1e-12
+        p = p + torch.linalg.solve(xtx + damp * torch.eye(3, dtype=p.dtype), xty)
+        p[0] = torch.remainder(p[0], 360.0)
+        p[1:] = p[1:].clamp(0.0, 10.0)
+    return best
 
 
 def _fit_shading(
-    views, base, render_of, c: torch.Tensor, nrm: torch.Tensor, init: torch.Tensor | None
+    views, base, render_of, nrm: torch.Tensor, init: torch.Tensor | None
 ) -> torch.Tensor:
     """(a, v) [4] by least squares on a fixed lit set, refitted until the set settles.  Pixels
     the shading cannot explain (a Gaussian whose estimated normal points the wrong way) are
     down-weighted (Cauchy IRLS), so a few percent of them cannot bend the light."""
-    dt = c.dtype
+    dt = nrm.dtype
     prior = torch.tensor([[1.0], [0.0], [0.0], [0.0]], dtype=dt)
     av = prior[:, 0].clone()
     # start: every Gaussian lit, or the lit set of a first guess (saves a round of renders)
     lit = (nrm @ init.to(dt)) > 0 if init is not None else nrm.new_ones(len(nrm), dtype=torch.bool)
     for _ in range(SHADING_ITERS):
         rows = []
-        for (asset_v, cam, idx, t, w), rc in zip(views, base, strict=True):
-            lit_c = c * lit[:, None].to(dt)
+        for v, rc in zip(views, base, strict=True):
+            lit_c = v.colors * lit[v.idx, None].to(dt)
+            n_v = nrm[v.idx]
             rs = render_of(
-                asset_v, cam, idx, torch.cat([lit_c * nrm[:, x : x + 1] for x in range(3)], -1)
+                v.asset, v.camera, torch.cat([lit_c * n_v[:, x : x + 1] for x in range(3)], -1)
             )
+            t, w = v.change, v.weight
             feats = torch.stack([rc, *rs.split(3, -1)], -1).reshape(-1, 4)
             wk = w[..., None].expand_as(rc).reshape(-1, 1)
             rows.append((feats, wk, (t + rc).reshape(-1, 1)))

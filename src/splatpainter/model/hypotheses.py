@@ -4,7 +4,8 @@ The edit views constrain only the Gaussians they see; a recolour or a relight mu
 ones they do not.  For each edit we fit, on the seen Gaussians (weighted by their in-mask
 compositing weight), two small models of *what the edit does to a colour*:
 
-- an affine colour map  c -> A [c; 1]  (ridge-regularised toward the identity): recolours;
+- an affine colour map  c -> A [c; 1]  (ridge-regularised toward the identity), or an HSV
+  adjustment where that explains the views' pixels better: recolours;
 - a Lambertian shading  c -> c (a + d max(0, n.l))  over the Gaussians' normals: relights;
 
 and evaluate them on every Gaussian.  With `Stage2Config.fit_maps` the two maps are fitted to
@@ -24,6 +25,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from splatpainter.assets.colorspace import adjust_hsv_colors
 
 NUM_HYPOTHESES = 3  # the seen Gaussians' own change, affine recolour, relight
 EDIT_STATS_DIM = 6
@@ -220,6 +223,15 @@ def color_bin_stats(
     return torch.stack([share[idx], torch.log1p(seen[idx])], -1)
 
 
+def recolor(colors: torch.Tensor, affine: torch.Tensor, hsv: torch.Tensor | None = None):
+    """[N, 3] the recolour's new colours (before the colour box): the affine map, or the HSV
+    adjustment (hue degrees, saturation, brightness) when one was fitted in its place."""
+    if hsv is not None:
+        h, sat, val = (float(x) for x in hsv)
+        return adjust_hsv_colors(colors.double(), h, sat, val).to(colors.dtype)
+    return torch.cat([colors, torch.ones_like(colors[:, :1])], -1) @ affine.to(colors)
+
+
 def fit_hypothesis_maps(
     colors: torch.Tensor,
     seen_delta: torch.Tensor,
@@ -237,29 +249,72 @@ def fit_hypothesis_maps(
     return aff, shading
 
 
-REST_RIDGE = 0.1  # pull of the SH bands' colour map toward the identity (see band_map)
+# pull of the SH bands' colour map toward the identity, per unit of colour variance (see band_map)
+REST_RIDGE = 1e-3
 CHANGE_TAU = 2.0 / 255.0  # a seen Gaussian "changed" if its change exceeds this
 
 
 def band_map(
-    colors: torch.Tensor, cand_affine: torch.Tensor, seen_delta: torch.Tensor, w: torch.Tensor
+    colors: torch.Tensor, recolored: torch.Tensor, seen_delta: torch.Tensor, w: torch.Tensor
 ) -> torch.Tensor:
     """[3, 3] the recolour's map for the view-dependent SH bands (on a colour column vector).
 
-    A map fitted to pixels is free in the colour directions the changed colours do not span,
-    and its linear part there can be wild (gains of -7): harmless on the base colours it was
-    fitted to, ruinous on the SH bands.  So the bands take a refit of what the map does to the
-    seen changed Gaussians, ridge-regularised toward the identity where the data leave it open."""
+    recolored [N, 3]: the recolour's new colours before the colour box (`recolor`).  The bands
+    take the linear part of the recolour where the changed colours pin it down: a map fitted
+    to pixels is free in the colour directions they do not span, and there its linear part
+    can be wild (gains of -7), harmless on the base colours it was fitted to, ruinous on the
+    SH bands.  So the bands take an affine refit of the recolour on the seen changed
+    Gaussians, ridge-regularised toward the identity: directions in which their colours vary
+    by less than about sqrt(REST_RIDGE) keep the identity (an HSV recolour gets its best
+    linear fit there)."""
     changed_w = w * (seen_delta.abs().amax(-1) > CHANGE_TAU).to(w.dtype)
-    return fit_affine(colors, colors + cand_affine, changed_w, lam=REST_RIDGE)[:3].T
+    return fit_affine(colors, recolored, changed_w, lam=REST_RIDGE)[:3].T
+
+
+def box_colors(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """New colours kept in the colour box, as an 8-bit edit keeps them; colours already outside
+    it (fitted real assets) keep their own range, so a zero change stays exactly zero."""
+    return torch.minimum(torch.maximum(new, old.clamp_max(0.0)), old.clamp_min(1.0))
+
+
+def hsv_band_maps(colors: torch.Tensor, hsv: torch.Tensor) -> torch.Tensor:
+    """[N, 3, 3] what an HSV recolour does to small colour deviations around each colour (the
+    SH bands): its Jacobian there, the colour box included (central differences)."""
+    c = colors.double()
+    h, sat, val = (float(x) for x in hsv)
+    eps = 1e-4
+    cols = []
+    for j in range(3):
+        e = torch.zeros(3, dtype=c.dtype, device=c.device)
+        e[j] = eps
+        hi, lo = c + e, c - e
+        moved = [box_colors(adjust_hsv_colors(x, h, sat, val), x) for x in (hi, lo)]
+        cols.append((moved[0] - moved[1]) / (2 * eps))
+    return torch.stack(cols, -1).to(colors.dtype)
+
+
+def recolor_band_maps(
+    colors: torch.Tensor,
+    affine: torch.Tensor,
+    hsv: torch.Tensor | None,
+    seen_delta: torch.Tensor,
+    w: torch.Tensor,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The recolour's map of the SH bands, [3, 3] or [n, 3, 3] for the `rows` (default all):
+    the affine map's (`band_map`), or each colour's own under an HSV recolour (not linear)."""
+    if hsv is not None:
+        return hsv_band_maps(colors if rows is None else colors[rows], hsv)
+    return band_map(colors, recolor(colors, affine), seen_delta, w)
 
 
 def hypothesis_rest_maps(
     band: torch.Tensor, shade: torch.Tensor, normals: torch.Tensor
 ) -> torch.Tensor:
     """[N, NUM_HYPOTHESES, 3, 3]: what each hypothesis does to the view-dependent SH bands
-    (rest' = map @ rest): the seen change keeps them, the recolour applies its band map
-    (`band_map`), the relight scales them by the Gaussian's shading factor `shade` [N]."""
+    (rest' = map @ rest): the seen change keeps them, the recolour applies its band maps
+    (`recolor_band_maps`, [3, 3] or [N, 3, 3]), the relight scales them by the Gaussian's
+    shading factor `shade` [N]."""
     n = normals.shape[0]
     eye = torch.eye(3, dtype=normals.dtype, device=normals.device)
     return torch.stack(
@@ -287,26 +342,24 @@ def edit_hypotheses(
     *,
     affine: torch.Tensor | None = None,
     shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    hsv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Candidate colour deltas [N, NUM_HYPOTHESES, 3], edit statistics [EDIT_STATS_DIM] and
     colour-bin statistics [N, BIN_STATS_DIM] for one edit (all zeros-safe when nothing is seen).
 
     seen_delta [N, 3]: what the views say each seen Gaussian's change is (zero elsewhere).
     affine / shading: maps already fitted to the views' pixels (edit/solve.py), used instead of
-    fitting them to seen_delta here."""
+    fitting them to seen_delta here; hsv: an HSV recolour fitted there, used in the affine's
+    place (`recolor`)."""
     w = in_mask_weight * support
     targets = colors + seen_delta
     aff = fit_affine(colors, targets, w) if affine is None else affine.to(colors)
-    # new colours stay in the colour box (as an 8-bit edit does); colours already outside it
-    # (fitted real assets) keep their own range, so a zero change stays exactly zero
-    lo, hi = colors.clamp_max(0.0), colors.clamp_min(1.0)
-    new_aff = torch.cat([colors, torch.ones_like(colors[:, :1])], -1) @ aff
-    cand_aff = torch.minimum(torch.maximum(new_aff, lo), hi) - colors
+    cand_aff = box_colors(recolor(colors, aff, hsv), colors) - colors
     if shading is None:
         shading = fit_shading(colors, targets, normals, w)
     d = shading[1]
     shade = shading_factor(shading, normals)
-    cand_shade = torch.minimum(torch.maximum(colors * shade[:, None], lo), hi) - colors
+    cand_shade = box_colors(colors * shade[:, None], colors) - colors
     cand = torch.stack([seen_delta, cand_aff.clamp(-1, 1), cand_shade.clamp(-1, 1)], 1)
     wsum = w.sum().clamp_min(1e-6)
 

@@ -43,10 +43,10 @@ from splatpainter.model.hypotheses import (
     BIN_STATS_DIM,
     EDIT_STATS_DIM,
     NUM_HYPOTHESES,
-    band_map,
     edit_hypotheses,
     fit_hypothesis_maps,
     hypothesis_rest_maps,
+    recolor_band_maps,
     shading_factor,
 )
 from splatpainter.model.layers import MLP, SelfAttention, fourier_encode, segment_mean
@@ -184,6 +184,9 @@ class GaussianSignals:
     # (edit/solve.py `fit_color_maps`); None: fitted to the per-Gaussian change instead
     affine: torch.Tensor | None = None
     shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # an HSV recolour (hue degrees, saturation, brightness) that explains the pixels better
+    # than the affine map, used in its place (`hypotheses.recolor`); None: the affine map
+    hsv: torch.Tensor | None = None
 
     def total_weight(self) -> torch.Tensor:
         if self.weight is not None:
@@ -323,10 +326,11 @@ class Stage2Editor(nn.Module):
             normals,
             affine=affine,
             shading=shading,
+            hsv=sig.hsv,
         )
         per_gauss = torch.cat([sig.as_features(), cand.flatten(1), bins], -1)
         w = sig.in_mask_weight * sig.support
-        band = band_map(s.colors, cand[:, 1], seen_delta, w)
+        band = recolor_band_maps(s.colors, affine, sig.hsv, seen_delta, w, rest_rows)
         n_rest = normals if rest_rows is None else normals[rest_rows]
         rest = hypothesis_rest_maps(band, shading_factor(shading, n_rest), n_rest)
         return cand, stats, per_gauss, normals, rest

@@ -39,9 +39,10 @@ from splatpainter.train.data import (
     make_sequence,
 )
 
-EXAMPLE_VERSION = 5  # 2: signals carry the least-squares solve; 3: SH rest, graph, suites;
+EXAMPLE_VERSION = 6  # 2: signals carry the least-squares solve; 3: SH rest, graph, suites;
 # 4: Stage I normals cached (voted by their own views, weight squared x cosine); 5: a bulky
-# Gaussian's normal fitted to its neighbours' centres
+# Gaussian's normal fitted to its neighbours' centres; 6: colour maps fitted on view colours
+# (SH bands included), the affine one clamp-aware, and an HSV recolour
 
 
 def _render_rgb(asset: GaussianAsset, cams: list[Camera]) -> torch.Tensor:
@@ -112,6 +113,7 @@ def build_example(
                         "solved",
                         "affine",
                         "shading",
+                        "hsv",
                     )
                 },
                 "loss_cameras": [c.to_dict() for c in [*loss_cams, edit_cam]],
@@ -164,6 +166,8 @@ def example_sample(step: dict[str, Any], latent, hint: str) -> EditSample:
     for name in COLOR_MAPS:
         if name not in hint_maps(hint):
             s[name] = None
+            if name == "affine":  # the HSV recolour stands in for the affine map
+                s["hsv"] = None
     return EditSample(
         latent=latent,
         views=[v.float() for v in step["views"]],

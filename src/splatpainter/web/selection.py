@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from splatpainter.assets.colorspace import adjust_hsv_colors, hsv_matrix
 from splatpainter.assets.gaussians import SH_C0
 from splatpainter.web.views import WebInputError
 
@@ -106,56 +107,6 @@ def delete(asset, selected: torch.Tensor):
     return write_back(asset, selected.to(asset.means.device), opacity_logits=gone)
 
 
-def _rgb_to_hsv(rgb: torch.Tensor) -> torch.Tensor:
-    r, g, b = rgb.unbind(-1)
-    mx, mn = rgb.amax(-1), rgb.amin(-1)
-    c = mx - mn
-    safe = torch.where(c > 0, c, torch.ones_like(c))
-    hue = torch.where(
-        mx == r,
-        torch.remainder((g - b) / safe, 6.0),
-        torch.where(mx == g, (b - r) / safe + 2.0, (r - g) / safe + 4.0),
-    )
-    hue = torch.where(c > 0, hue * 60.0, torch.zeros_like(hue))
-    sat = torch.where(
-        mx > 0, c / torch.where(mx > 0, mx, torch.ones_like(mx)), torch.zeros_like(mx)
-    )
-    return torch.stack([hue, sat, mx], -1)
-
-
-def _hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
-    hue, sat, val = hsv.unbind(-1)
-    c = val * sat
-    hp = hue / 60.0
-    x = c * (1 - torch.abs(torch.remainder(hp, 2.0) - 1))
-    zero = torch.zeros_like(c)
-    sector = torch.clamp(torch.floor(hp), 0, 5).long()
-    table = torch.stack(
-        [
-            torch.stack([c, x, zero], -1),
-            torch.stack([x, c, zero], -1),
-            torch.stack([zero, c, x], -1),
-            torch.stack([zero, x, c], -1),
-            torch.stack([x, zero, c], -1),
-            torch.stack([c, zero, x], -1),
-        ],
-        1,
-    )
-    rgb = table[torch.arange(len(sector)), sector]
-    return rgb + (val - c)[:, None]
-
-
-def hsv_matrix(hue: float, saturation: float, brightness: float) -> torch.Tensor:
-    """The linear colour map [3, 3] for the view-dependent SH bands (colour deviations): a
-    rotation by `hue` about the grey axis, `saturation` scaling the part off that axis, then
-    `brightness` scaling all."""
-    grey = torch.full((3, 3), 1.0 / 3.0, dtype=torch.float64)
-    a = math.radians(hue)
-    k = torch.tensor([[0, -1, 1], [1, 0, -1], [-1, 1, 0]], dtype=torch.float64) / math.sqrt(3)
-    rot = torch.eye(3, dtype=torch.float64) + math.sin(a) * k + (1 - math.cos(a)) * (k @ k)
-    return brightness * (grey + saturation * rot @ (torch.eye(3, dtype=torch.float64) - grey))
-
-
 def check_hsv(hue, saturation, brightness) -> tuple[float, float, float]:
     """The adjustment's numbers, range-checked (hue in degrees, the others factors)."""
     out = []
@@ -181,17 +132,9 @@ def adjust_hsv(asset, selected: torch.Tensor, hue: float, saturation: float, bri
     sel = selected.to(asset.sh.device)
     rows = sel.nonzero().squeeze(-1)
     dc = asset.sh[rows, 0, :].double()
-    hsv = _rgb_to_hsv((0.5 + SH_C0 * dc).clamp_min(0.0))
-    hsv = torch.stack(
-        [
-            torch.remainder(hsv[:, 0] + hue, 360.0),
-            (hsv[:, 1] * saturation).clamp(0.0, 1.0),
-            hsv[:, 2] * brightness,
-        ],
-        -1,
-    )
+    moved = adjust_hsv_colors(0.5 + SH_C0 * dc, hue, saturation, brightness)
     sh = asset.sh.clone()
-    sh[rows, 0, :] = ((_hsv_to_rgb(hsv) - 0.5) / SH_C0).to(sh.dtype)
+    sh[rows, 0, :] = ((moved - 0.5) / SH_C0).to(sh.dtype)
     if sh.shape[1] > 1:
         m = hsv_matrix(hue, saturation, brightness).expand(len(rows), 3, 3)
         sh[rows, 1:, :] = map_sh_bands(asset.sh[rows, 1:, :].double(), m).to(sh.dtype)
