@@ -333,7 +333,7 @@ def _fit_affine(views, both: list[torch.Tensor], colors: torch.Tensor, render_of
         xtx = torch.zeros(3, 4, 4, dtype=dt)
         xty = torch.zeros(3, 4, 1, dtype=dt)
         for i, (v, feats4) in enumerate(zip(views, both, strict=True)):
-            y = (v.change + feats4[..., :3]).reshape(-1, 3)
+            y = _edited_pixels(v, feats4)
             if state is None:
                 per_channel = [(feats4.reshape(-1, 4), y[:, k]) for k in range(3)]
             else:
@@ -384,12 +384,18 @@ def _changed_weight(v: _FitView) -> torch.Tensor:
     return (v.weight * (v.change.abs().amax(-1) > CHANGED_LEVEL)).reshape(-1, 1)
 
 
+def _edited_pixels(v: _FitView, feats4: torch.Tensor) -> torch.Tensor:
+    """[h * w, 3] the edited view less the background's share: what the recolour's new view
+    colours must render to (feats4: the view's render of (c, 1), black background)."""
+    return (v.change + feats4[..., :3]).reshape(-1, 3)
+
+
 def _rss(views, both, render_of, outs: list[torch.Tensor]) -> float:
     """Weighted squared error of the recolour fits' pixels when each view's Gaussians show
     outs[v] [n, 3] (their new view colours)."""
     total = 0.0
     for v, feats4, out in zip(views, both, outs, strict=True):
-        y = (v.change + feats4[..., :3]).reshape(-1, 3)
+        y = _edited_pixels(v, feats4)
         r = render_of(v.asset, v.camera, out).reshape(-1, 3)
         total += float((_changed_weight(v) * (y - r) ** 2).sum())
     return total
@@ -444,7 +450,7 @@ def _fit_hsv(views, both, render_of) -> tuple[torch.Tensor, float] | None:
             trials = [p, *(p + torch.eye(3, dtype=p.dtype)[j] * steps[j] for j in range(3))]
             outs = [box_colors(adjust_hsv(hsv, *t.tolist()), v.colors) for t in trials]
             r = render_of(v.asset, v.camera, torch.cat(outs, -1)).reshape(-1, 12)
-            y = (v.change + feats4[..., :3]).reshape(-1, 3)
+            y = _edited_pixels(v, feats4)
             res = y - r[:, :3]
             jac = torch.stack(
                 [(r[:, 3 * j + 3 : 3 * j + 6] - r[:, :3]) / steps[j] for j in range(3)], -1
