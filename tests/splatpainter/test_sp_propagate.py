@@ -165,3 +165,22 @@ def test_walk_in_chunks_equals_the_walk_at_once(monkeypatch):
         chunked = s2._walk(sample, cand, per_gauss, normals)
     assert whole.abs().sum() > 0
     assert torch.allclose(chunked, whole, rtol=1e-5, atol=1e-7)
+
+
+def test_walk_gather_without_gradients_is_the_indexing_bit_for_bit():
+    """The walk's neighbour gather by index_select (inference) gives exactly `z[nbr]`, so an
+    edit walks to the same bits as the training-time indexing would."""
+    from splatpainter.model.propagate import Propagation, _gather
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(300, 8, generator=g)
+    nbr = torch.randint(0, 300, (300, 10), generator=g)
+    assert torch.equal(_gather(z, nbr), z[nbr])
+    aff = torch.rand(300, 10, 8, generator=g)
+    seeds, conf = torch.randn(300, 8, generator=g), torch.rand(300, generator=g)
+    plain = Propagation._walk(torch.zeros_like(seeds), seeds, conf, nbr, aff, 30)
+    with torch.enable_grad():
+        tracked = Propagation._walk(
+            torch.zeros_like(seeds).requires_grad_(), seeds, conf, nbr, aff, 30
+        )
+    assert torch.equal(plain, tracked.detach())

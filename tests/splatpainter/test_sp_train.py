@@ -1,5 +1,6 @@
 """Edit data with 3D ground truth, the training config, the trainer (resume, loss goes down)."""
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -246,17 +247,23 @@ def _tiny_phases_dict(cache) -> dict:
         {"name": "solve", "stage2": {"solve_iters": 2}, "optim": {"steps": 3, "lr": 1e-3},
          "data": {"first_seed": 100050, "num_sequences": 2}},
         {"name": "maps", "stage2": {"fit_maps": True}, "optim": {"seed": 5}},
-        {"name": "propagate", "stage2": {"propagate": True}, "optim": {"steps": 2},
+        {"name": "propagate", "stage2": {"propagate": True, "prop_coarse_steps": 30},
+         "optim": {"steps": 2},
          "data": {"suites": ["distractor", "capture"], "first_seed": 100080}},
     ]  # fmt: skip
     return d
 
 
 def test_phases_override_the_phase_before_and_name_their_errors(tmp_path):
+    from splatpainter.model.editor import EditorModel
+
     cfg = config_from_dict(_tiny_phases_dict(tmp_path))
     base, solve, maps, grow = (p.config for p in cfg.phases)
     assert [p.name for p in cfg.phases] == ["base", "solve", "maps", "propagate"]
     assert grow.model.stage2.propagate and not maps.model.stage2.propagate
+    # a phase may lengthen the walk (no weights change); the phase's editor walks that long
+    assert (grow.model.stage2.prop_coarse_steps, maps.model.stage2.prop_coarse_steps) == (30, 24)
+    assert EditorModel.initial(grow.model).stage2.propagation.coarse_steps == 30
     assert grow.data.suites == ("distractor", "capture")
     assert base.optim.steps == 2 and base.model.stage2.solve_iters == 0
     assert (solve.optim.steps, solve.optim.lr, solve.data.num_sequences) == (3, 1e-3, 2)
@@ -356,10 +363,12 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
         "gate2",
         "commit",
         "normals",
+        "reach",
     ]
     assert cfg.phases[-1].config.loss.unseen_gate_bce > 0
     assert cfg.phases[-1].config.model.stage1.normal_views == 16
     assert cfg.phases[-1].config.model.stage2.commit > 0
+    assert cfg.phases[-1].config.model.stage2.prop_coarse_steps == 96
     shipped = load_weights(DEFAULT_WEIGHTS)
     assert shipped.trained
     assert shipped.config == cfg.phases[-1].config.model
@@ -367,3 +376,37 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
     # the config's comment records the shipped file's sha256
     digest = hashlib.sha256(Path(DEFAULT_WEIGHTS).read_bytes()).hexdigest()
     assert f"#   {digest}" in (ROOT / "configs" / "splatpainter" / "editor.toml").read_text()
+
+
+@pytest.mark.slow
+def test_a_phase_of_no_steps_takes_the_weights_before_with_its_own_settings(tmp_path):
+    """A later phase with optim.steps = 0 (the shipped config's last: a longer walk) trains
+    nothing: its weights are the phase before's bit for bit, its config has its settings.  A
+    first phase, or a config without phases, of no steps is refused by name."""
+    from splatpainter.model.editor import load_weights
+
+    d = _tiny_phases_dict(tmp_path / "cache")
+    d["phase"] = [
+        {"name": "base", "optim": {"steps": 1}},
+        {"name": "reach", "stage2": {"prop_coarse_steps": 40}, "optim": {"steps": 0}},
+    ]
+    train(config_from_dict(d), tmp_path / "run")
+    before = load_weights(tmp_path / "run" / "1-base" / WEIGHTS)
+    after = load_weights(tmp_path / "run" / WEIGHTS)
+    assert after.trained and after.config.stage2.prop_coarse_steps == 40
+    assert before.config.stage2.prop_coarse_steps == 24
+    assert after.config == dataclasses.replace(
+        before.config, stage2=dataclasses.replace(before.config.stage2, prop_coarse_steps=40)
+    )
+    a, b = after.state_dict(), before.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = [json.loads(r) for r in (tmp_path / "run" / LOG).read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["base"]
+
+    d["phase"][0]["optim"]["steps"] = 0
+    with pytest.raises(ConfigError, match=r"\[\[phase\]\] 1 \('base'\): optim\.steps = 0"):
+        config_from_dict(d)
+    del d["phase"]
+    d["optim"]["steps"] = 0
+    with pytest.raises(ConfigError, match=r"^optim\.steps = 0 trains nothing"):
+        config_from_dict(d)

@@ -113,4 +113,8 @@ def train(
     if json_out:
         print_json(summary, indent=None)
     else:
-        typer.echo(f"wrote {out / WEIGHTS} (last loss {summary['last_loss']})")
+        loss = summary["last_loss"]
+        typer.echo(
+            f"wrote {out / WEIGHTS} "
+            + ("(no steps trained)" if loss is None else f"(last loss {loss})")
+        )

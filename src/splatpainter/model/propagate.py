@@ -227,6 +227,16 @@ def edge_geometry(
     )
 
 
+def _gather(z: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    """z[nbr] ([R, k, C] rows of z [N, C]): without gradients by index_select, the same values
+    2.5x faster (0.33 against 0.85 ms a step among 2,048 anchors, one thread), which the long
+    walk among the anchors takes 96 times an edit; with them as `z[nbr]`, whose backward the
+    training runs were made (and are repeated bit for bit) with."""
+    if torch.is_grad_enabled() and z.requires_grad:
+        return z[nbr]
+    return z.index_select(0, nbr.reshape(-1)).view(*nbr.shape, z.shape[-1])
+
+
 class Propagation(nn.Module):
     """Seeds from the seen Gaussians, walked over the learned-affinity graph (see module doc)."""
 
@@ -304,12 +314,12 @@ class Propagation(nn.Module):
         z = z0
         for _ in range(steps):
             if n <= AFFINITY_ROWS:
-                z = held + keep * (norm * z[nbr]).sum(1)
+                z = held + keep * (norm * _gather(z, nbr)).sum(1)
                 continue
             nxt = torch.empty_like(held)
             for lo in range(0, n, AFFINITY_ROWS):
                 r = slice(lo, lo + AFFINITY_ROWS)
-                nxt[r] = held[r] + keep[r] * (norm[r] * z[nbr[r]]).sum(1)
+                nxt[r] = held[r] + keep[r] * (norm[r] * _gather(z, nbr[r])).sum(1)
             z = nxt
         return z
 

@@ -108,7 +108,9 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    steps: int = limited(3000, ge=1)
+    # 0 only in a [[phase]] after the first: one that changes inference settings of the weights
+    # before it (e.g. the walk's length) and trains nothing
+    steps: int = limited(3000, ge=0)
     lr: float = limited(1e-3, gt=0)
     stage1_lr_scale: float = limited(0.3, ge=0)
     weight_decay: float = limited(0.01, ge=0)
@@ -122,8 +124,8 @@ class OptimConfig:
     init_from: str = ""  # start from these weights (.safetensors of the same architecture)
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.lr <= 0 or self.grad_clip <= 0:
-            raise ConfigError("optim.steps, optim.lr and optim.grad_clip must be positive")
+        if self.steps < 0 or self.lr <= 0 or self.grad_clip <= 0:
+            raise ConfigError("optim.lr and optim.grad_clip must be positive, optim.steps >= 0")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("optim.checkpoint_every and optim.log_every must be >= 1")
 
@@ -165,13 +167,13 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# Stage II keys a phase may change: how the signals are computed and the priors on the choice
-# between hypotheses (no weights), not the architecture.  `propagate` may be switched on by a
-# phase: it grows the editor by the propagation module, whose new weights start at their
-# initialisation (see loop.grow_state).
+# Stage II keys a phase may change: how the signals are computed, the priors on the choice
+# between hypotheses and the walk's step counts (no weights), not the architecture.
+# `propagate` may be switched on by a phase: it grows the editor by the propagation module,
+# whose new weights start at their initialisation (see loop.grow_state).
 PHASE_STAGE2_KEYS = (
     "solve_iters", "solve_prior_px", "fit_maps", "propagate", "seen_prior_px", "map_prior",
-    "commit",
+    "commit", "prop_coarse_steps", "prop_fine_steps",
 )  # fmt: skip
 PHASE_KEYS = ("name", "data", "optim", "loss", "stage2")
 
@@ -198,6 +200,13 @@ def config_from_dict(d: dict[str, Any]) -> TrainConfig:
         raise ConfigError(f"unknown table(s) {unknown}; use model, data, optim, loss, phase")
     cfg = _tables_from_dict(d)  # first: the phases build on these tables
     cfg.phases = _phases_from_dict(d)
+    first = cfg.phases[0].config if cfg.phases else cfg
+    if first.optim.steps == 0:
+        where = f"[[phase]] 1 ({cfg.phases[0].name!r}): " if cfg.phases else ""
+        raise ConfigError(
+            f"{where}optim.steps = 0 trains nothing: only a later [[phase]] may have no steps "
+            "(it takes the weights of the phase before with its own settings)"
+        )
     return cfg
 
 

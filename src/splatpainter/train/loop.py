@@ -359,8 +359,9 @@ def _train(
         if stop is not None and stop < steps:
             return model
         starts.append(offset)
-        rows += [{**r, "step": offset + r["step"], "phase": phase.name}
-                 for r in _read_log(sub / LOG)]  # fmt: skip
+        if steps:  # (a phase of no steps has no log)
+            rows += [{**r, "step": offset + r["step"], "phase": phase.name}
+                     for r in _read_log(sub / LOG)]  # fmt: skip
         offset += steps
         init = sub / WEIGHTS
     assert model is not None
