@@ -16,6 +16,7 @@ from splatpainter.assets.gaussians import GaussianAsset
 from splatpainter.camera import orbit_cameras
 from splatpainter.edit import EditView, ModelMethod
 from splatpainter.model.editor import load_editor
+from splatpainter.model.stage2 import recolor_share
 from splatpainter.render import render, splat_weights
 from splatpainter.render.api import render_and_weights
 from splatpainter.train.data import base_colors, with_base_colors
@@ -183,8 +184,10 @@ def _same(a, b) -> bool:
 def test_recolours_with_the_affinity_cache_equal_those_without(recolour_setup, small_chunks):
     """Cold (every chunk computed), warm (the same asset: none), and after a paint edit (only
     the chunks around the painted Gaussians): each recolour equals the uncached one bit for
-    bit, asset and fast weights."""
+    bit, asset and fast weights.  The recolour reaches (it walks twice, the shipped reach
+    pass): one look-up per edit, the second walk on the first one's affinities."""
     asset, model, view, paint = recolour_setup
+    assert model.stage2.config.prop_reach_steps > 0
     cache = prop.AffinityCache(1 << 30)
     model.stage2.propagation.affinity_cache = cache
     method = ModelMethod(model, kind="recolor")
@@ -323,3 +326,89 @@ def test_a_non_local_apply_at_capture_scale_takes_the_chunked_head(recolour_setu
     monkeypatch.setattr("splatpainter.edit.methods.chunked_forward", spy)
     assert _same(method.apply(asset, [view], state), ref)
     assert calls == [1]
+
+
+# ------------------------------------------------------------------------- the reach pass
+def _with_stage2(model, **kw):
+    """The same weights under a Stage II config with `kw` changed."""
+    import dataclasses
+
+    from splatpainter.model.editor import EditorModel
+
+    s2 = dataclasses.replace(model.config.stage2, **kw)
+    other = EditorModel(dataclasses.replace(model.config, stage2=s2))
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+def _forward(model, asset, view, kind):
+    from splatpainter.edit.methods import build_edit_sample
+
+    state = ModelMethod(model, kind=kind).initial_state(asset)
+    settings = model.stage2.config.signal_settings()
+    sample = build_edit_sample(asset, [view], state["latent"], hint=kind, settings=settings)
+    with torch.no_grad():
+        deltas, fast = model.stage2([sample], state["fast"])
+    return deltas[0], fast, sample, state
+
+
+@pytest.mark.parametrize("kind", ["auto", "recolor"])
+def test_a_recolour_walks_again_further(recolour_setup, kind):
+    """An edit the first pass reads as a recolour (the affine map carries at least
+    prop_reach_share of its edit weight) is the editor with the longer walk, bit for bit; the
+    chunked head decides over every Gaussian and agrees."""
+    from splatpainter.model.restricted import chunked_forward
+
+    asset, model, view, _ = recolour_setup
+    base = _with_stage2(model, prop_reach_steps=0)
+    first, *_ = _forward(base, asset, view, kind)
+    share = recolor_share(first["gate"], first["mix"])
+    assert share > 0.95  # a global recolour
+    reach = _with_stage2(model, prop_reach_steps=96, prop_reach_share=0.9)
+    longer = _with_stage2(model, prop_reach_steps=0, prop_coarse_steps=96)
+    got, fast, sample, state = _forward(reach, asset, view, kind)
+    want, want_fast, *_ = _forward(longer, asset, view, kind)
+    assert not torch.equal(got["rgb"], first["rgb"])
+    for k in ("rgb", "rest_map", "gate", "mix"):
+        assert torch.equal(got[k], want[k]), k
+    for a, b in zip(fast, want_fast, strict=True):
+        assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("w0", "w1", "w2"))
+    chunked, _ = chunked_forward(reach.stage2, sample, state["fast"], 5000)
+    assert all(torch.equal(chunked[k], got[k]) for k in ("rgb", "rest_map", "gate"))
+
+
+def test_an_edit_read_as_paint_keeps_the_walk_it_was_trained_with(recolour_setup):
+    """Below the share (a paint stroke read in auto) or for a local kind, the reach pass
+    changes nothing, bit for bit; nor does it in training."""
+    asset, model, view, paint = recolour_setup
+    base = _with_stage2(model, prop_reach_steps=0)
+    reach = _with_stage2(model, prop_reach_steps=96, prop_reach_share=0.9)
+    first, *_ = _forward(base, asset, paint, "auto")
+    share = recolor_share(first["gate"], first["mix"])
+    assert share < 0.9
+    for kind, v in (("auto", paint), ("paint", paint), ("detail", paint)):
+        want, *_ = _forward(base, asset, v, kind)
+        got, *_ = _forward(reach, asset, v, kind)
+        assert all(torch.equal(got[k], want[k]) for k in ("rgb", "rest_map", "gate")), kind
+    # a recolour in training: no second pass (the weights learn the walk they were given)
+    want, _, sample, state = _forward(base, asset, view, "recolor")
+    reach.stage2.train()
+    try:
+        with torch.no_grad():
+            got = reach.stage2([sample], state["fast"])[0][0]
+    finally:
+        reach.stage2.eval()
+    base.stage2.train()
+    with torch.no_grad():
+        ref = base.stage2([sample], state["fast"])[0][0]
+    assert torch.equal(got["rgb"], ref["rgb"])
+
+
+def test_the_reach_share_is_a_fraction():
+    from splatpainter.model.stage2 import Stage2Config
+
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="prop_reach_share"):
+            Stage2Config(prop_reach_share=bad)
+    with pytest.raises(ValueError, match="prop_reach_steps"):
+        Stage2Config(prop_reach_steps=-1)

@@ -227,6 +227,21 @@ def edge_geometry(
     )
 
 
+@dataclass
+class PreparedWalk:
+    """One edit's walk, all but its steps: what a walk of any length starts from (a second,
+    longer walk of the same edit reuses every affinity)."""
+
+    graph: SplatGraph
+    seeds: torch.Tensor  # [N, C]
+    conf: torch.Tensor  # [N]
+    anchor_seeds: torch.Tensor  # [M, C] seeds pooled to each anchor
+    anchor_conf: torch.Tensor  # [M]
+    coarse_aff: torch.Tensor  # [M, k, C] affinities among the anchors
+    up_aff: torch.Tensor  # [N, UP_NEIGHBOURS, C] read-back affinities
+    fine_norm: torch.Tensor  # [N, k, C] normalised fine affinities
+
+
 def _gather(z: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
     """z[nbr] ([R, k, C] rows of z [N, C]): without gradients by index_select, the same values
     without advanced indexing's overhead (once per walk step); with them as `z[nbr]`, whose
@@ -378,7 +393,7 @@ class Propagation(nn.Module):
             cache._entry = entry if entry.nbytes() <= cache.max_bytes else None
         return aff_up, fine
 
-    def forward(
+    def prepare(
         self,
         graph: SplatGraph,
         nodes: torch.Tensor,
@@ -386,18 +401,14 @@ class Propagation(nn.Module):
         seen_weight: torch.Tensor,
         normals: torch.Tensor,
         colors: torch.Tensor,
-    ) -> torch.Tensor:
-        """Per-Gaussian walk result [N, C].
-
-        nodes [N, node_dim]: what each Gaussian is; seed_inputs [N, seed_dim]: its edit evidence
-        (zero where unseen); seen_weight [N]: its compositing weight over the edit views (pixels).
-        """
+    ) -> PreparedWalk:
+        """Everything a walk of any length needs (see `forward` for the arguments)."""
         points = graph.points
         u = self.embed(nodes)
         conf = 1.0 - torch.exp(-seen_weight.clamp_min(0) / self.conf_weight)
         seeds = self.seed(seed_inputs) * (seen_weight > 0).to(u.dtype)[:, None]
         spacing = graph.fine_dist[:, 0].median().clamp_min(1e-9)
-        # coarse level: pool seeds to the nearest anchor, walk among the anchors
+        # coarse level: seeds pooled to the nearest anchor
         a = graph.anchors
         m = a.shape[0]
         home = graph.up_idx[:, 0]
@@ -413,12 +424,38 @@ class Propagation(nn.Module):
         cn = graph.coarse_idx
         c_spacing = graph.coarse_dist[:, 0].median().clamp_min(1e-9)
         aff = self._affinity(self.coarse_edge, u, points, normals, colors, a, a[cn], c_spacing)
-        z_a = self._walk(torch.zeros_like(s_a), s_a, c_a, cn, aff, self.coarse_steps)
-        # read back: each Gaussian from its nearest anchors, by learned affinity; the fine
-        # level's affinities with them (they do not depend on the edit: maybe cached)
-        up = graph.up_idx
+        # the read-back and fine affinities (they do not depend on the edit: maybe cached)
         aff_up, norm = self._fine_and_up(graph, u, points, normals, colors, spacing, c_spacing)
-        z = (aff_up * z_a[up]).sum(1) / (aff_up.sum(1) + WALK_EPS)
+        return PreparedWalk(graph, seeds, conf, s_a, c_a, aff, aff_up, norm)
+
+    def walk(self, prep: PreparedWalk, coarse_steps: int | None = None) -> torch.Tensor:
+        """The walk [N, C] (coarse_steps among the anchors: default the module's)."""
+        g = prep.graph
+        steps = self.coarse_steps if coarse_steps is None else coarse_steps
+        z_a = self._walk(
+            torch.zeros_like(prep.anchor_seeds), prep.anchor_seeds, prep.anchor_conf,
+            g.coarse_idx, prep.coarse_aff, steps,
+        )  # fmt: skip
+        # read back: each Gaussian from its nearest anchors, by learned affinity
+        aff_up = prep.up_aff
+        z = (aff_up * z_a[g.up_idx]).sum(1) / (aff_up.sum(1) + WALK_EPS)
         # fine level: a few steps on the full graph sharpen boundaries
-        fn = graph.fine_idx
-        return self._walk(z, seeds, conf, fn, None, self.fine_steps, norm=norm)
+        return self._walk(
+            z, prep.seeds, prep.conf, g.fine_idx, None, self.fine_steps, norm=prep.fine_norm
+        )
+
+    def forward(
+        self,
+        graph: SplatGraph,
+        nodes: torch.Tensor,
+        seed_inputs: torch.Tensor,
+        seen_weight: torch.Tensor,
+        normals: torch.Tensor,
+        colors: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per-Gaussian walk result [N, C].
+
+        nodes [N, node_dim]: what each Gaussian is; seed_inputs [N, seed_dim]: its edit evidence
+        (zero where unseen); seen_weight [N]: its compositing weight over the edit views (pixels).
+        """
+        return self.walk(self.prepare(graph, nodes, seed_inputs, seen_weight, normals, colors))

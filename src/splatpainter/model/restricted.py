@@ -202,33 +202,45 @@ def chunked_forward(
     weights.  As in `local_forward`, the editor's own forward runs on each chunk through a
     shallow copy whose seams return the whole asset's per-Gaussian inputs, voxel signal
     tokens and walk, and whose blocks (voxel attention, TTT update) run once, for the first
-    chunk: their inputs are the voxels and views, the same for every chunk."""
+    chunk: their inputs are the voxels and views, the same for every chunk.  Whether a
+    recolour walks again, further (Stage2Config.prop_reach_steps), is decided over every
+    Gaussian's gate and mix, as the full forward decides it."""
     clock = _Clock(timings)
     rows_per_chunk = rows_per_chunk or HEAD_ROWS
     cand, stats, per_gauss, normals, rest = editor._gaussian_inputs(s)
     vox = s.latent.vox
     voxel_sig = editor.voxel_sig(segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels))
-    walk = None
+    walker = walk = None
     if editor.propagation is not None:
-        walk = editor._walk(s, cand, per_gauss, normals)
+        walker = editor._walker(s, cand, per_gauss, normals)
+        walk = walker()
     clock("stage2_inputs_and_walk")
     n = s.colors.shape[0]
     blocks = nn.ModuleList(_Once(b) for b in editor.blocks)
-    outs, new_state = [], state
-    for lo in range(0, n, rows_per_chunk):
-        rows = torch.arange(lo, min(n, lo + rows_per_chunk), device=s.colors.device)
-        inputs = (cand[rows], stats, per_gauss[rows], normals[rows], rest[rows])
-        view = _rows_editor(editor, inputs, voxel_sig, None if walk is None else walk[rows])
-        view._modules["blocks"] = blocks
-        row_vox = dataclasses.replace(vox, gauss_voxel=vox.gauss_voxel[rows])
-        gfeat = s.latent.gauss_feat[rows]
-        latent = Stage1Latent(row_vox, s.latent.voxel_latent, gfeat, None, None)
-        signals = _RowSignals(**vars(_signals_rows(s.signals, rows)), full=s.signals)
-        sample = EditSample(latent, s.views, signals, s.colors[rows], s.hint)
-        out, new_state = view([sample], state)
-        outs.append({k: out[0][k] for k in ("rgb", "rest_map", "gate")})
+
+    def head_chunks(walk):
+        outs, new_state = [], state
+        for lo in range(0, n, rows_per_chunk):
+            rows = torch.arange(lo, min(n, lo + rows_per_chunk), device=s.colors.device)
+            inputs = (cand[rows], stats, per_gauss[rows], normals[rows], rest[rows])
+            view = _rows_editor(editor, inputs, voxel_sig, None if walk is None else walk[rows])
+            view._modules["blocks"] = blocks
+            row_vox = dataclasses.replace(vox, gauss_voxel=vox.gauss_voxel[rows])
+            gfeat = s.latent.gauss_feat[rows]
+            latent = Stage1Latent(row_vox, s.latent.voxel_latent, gfeat, None, None)
+            signals = _RowSignals(**vars(_signals_rows(s.signals, rows)), full=s.signals)
+            sample = EditSample(latent, s.views, signals, s.colors[rows], s.hint)
+            out, new_state = view([sample], state)
+            outs.append({k: out[0][k] for k in ("rgb", "rest_map", "gate", "mix")})
+        return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}, new_state
+
+    out, new_state = head_chunks(walk)
     clock("stage2_head_chunks")
-    return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}, new_state
+    steps = editor._reach_steps(s, out["gate"], out["mix"])  # over every Gaussian, as forward
+    if steps is not None:
+        out, new_state = head_chunks(walker(steps))
+        clock("stage2_reach")
+    return {k: out[k] for k in ("rgb", "rest_map", "gate")}, new_state
 
 
 class _Once(nn.Module):
@@ -276,5 +288,6 @@ def _rows_editor(
     view._modules = dict(editor._modules)  # the copy's own table: the editor keeps its modules
     view._modules["voxel_sig"] = _Fixed(voxel_sig)
     view.__dict__["_gaussian_inputs"] = lambda s: inputs
-    view.__dict__["_walk"] = lambda s, cand, per_gauss, normals: walk
+    view.__dict__["_walker"] = lambda s, cand, per_gauss, normals: lambda steps=None: walk
+    view.__dict__["_reach_steps"] = lambda s, gate, mix: None  # decided over every Gaussian
     return view

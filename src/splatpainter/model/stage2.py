@@ -31,6 +31,8 @@ edited image equals the render, and then every delta is exactly zero.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -121,6 +123,13 @@ class Stage2Config:
     prop_anchors: int = limited(2048, ge=1, le=1 << 20)
     prop_coarse_steps: int = limited(24, ge=0, le=1000)
     prop_fine_steps: int = limited(4, ge=0, le=1000)
+    # Reach (inference only; 0: off, as the weights were trained): when the first pass reads a
+    # non-local edit as a recolour (the affine recolour carries at least `prop_reach_share` of
+    # its edit weight), the walk is taken again with `prop_reach_steps` coarse steps and the
+    # head run once more on it, so that a recolour reaches the far side of a large part while
+    # a paint stroke keeps the walk it was trained with (a long walk leaks paint).
+    prop_reach_steps: int = limited(0, ge=0, le=1000)
+    prop_reach_share: float = limited(0.9, gt=0, le=1)
     # Structural priors on the choice between hypotheses (0: off, as in weights trained before
     # them).  seen_prior_px: the seen change is available to a Gaussian in proportion to
     # 1 - exp(-in-mask weight / this), so an unseen one takes a map or keeps its colour through
@@ -335,8 +344,9 @@ class Stage2Editor(nn.Module):
         rest = hypothesis_rest_maps(band, shading_factor(shading, n_rest), n_rest)
         return cand, stats, per_gauss, normals, rest
 
-    def _walk(self, s: EditSample, cand, per_gauss, normals) -> torch.Tensor:
-        """The learned propagation's per-Gaussian channels [N, prop_channels]."""
+    def _walker(self, s: EditSample, cand, per_gauss, normals) -> Callable[..., torch.Tensor]:
+        """The learned propagation of one edit, prepared: walker(coarse_steps=None) gives its
+        per-Gaussian channels [N, prop_channels] (a second call reuses every affinity)."""
         graph = s.latent.graph
         if graph is None:
             raise ValueError("this editor propagates over the asset's graph: the latent has none")
@@ -346,9 +356,13 @@ class Stage2Editor(nn.Module):
         hint = F.one_hot(torch.tensor(EDIT_HINTS.index(s.hint)), len(EDIT_HINTS)).to(cand)
         seed_in = torch.cat([per_gauss, agree, hint.expand(cand.shape[0], -1)], -1)
         nodes = torch.cat([s.latent.gauss_feat, s.colors, normals, graph.attrs.to(cand)], -1)
-        return self.propagation(
-            graph, nodes, seed_in, sig.in_mask_weight, normals, s.colors.detach()
-        )
+        prop = self.propagation
+        prep = prop.prepare(graph, nodes, seed_in, sig.in_mask_weight, normals, s.colors.detach())
+        return functools.partial(prop.walk, prep)
+
+    def _walk(self, s: EditSample, cand, per_gauss, normals) -> torch.Tensor:
+        """The learned propagation's per-Gaussian channels [N, prop_channels]."""
+        return self._walker(s, cand, per_gauss, normals)()
 
     def forward(
         self, samples: list[EditSample], state: list[FastWeights]
@@ -394,63 +408,94 @@ class Stage2Editor(nn.Module):
             new_state.append(st)
         x = self.norm_out(x)
         out = []
-        for b, (s, (cand, stats, per_gauss, normals, rest)) in enumerate(
-            zip(samples, inputs, strict=True)
-        ):
-            vox = s.latent.vox
-            n = s.colors.shape[0]
-            hint = F.one_hot(torch.tensor(EDIT_HINTS.index(s.hint)), len(EDIT_HINTS)).to(x)
-            parts = [
-                x[b, vox.gauss_voxel],
-                s.latent.gauss_feat,
-                s.colors,
-                normals,
-                per_gauss,
-                stats.expand(n, -1),
-                hint.expand(n, -1),
-            ]
+        for b, (s, inp) in enumerate(zip(samples, inputs, strict=True)):
+            cand, _, per_gauss, normals, _ = inp
+            walker = None
             if self.propagation is not None:
-                parts.append(self._walk(s, cand, per_gauss, normals))
-            z = torch.cat(parts, dim=-1)
-            y = self.head(z)
-            evidence = s.signals.evidence(c.evidence_tau).to(y.dtype)
-            # Edit weights below gate_floor are exactly zero: where the network is confident a
-            # Gaussian is not part of the edit, it keeps its bits (and is not written back).
-            f = c.gate_floor
-            soft = torch.sigmoid(y[:, 0])
-            top = 1 - f if c.commit > 0 else 1.0  # committed: above 1 - f is exactly one
-            hard = torch.clamp((soft - f) / (top - f), 0.0, 1.0)
-            if self.training:  # straight-through: a gate below the floor can still learn to open
-                hard = hard + (soft - soft.detach())
-            gate = evidence * hard
-            if s.hint in LOCAL_HINTS:  # only what a masked pixel shows may move; the rest
-                gate = gate * (s.signals.in_mask_weight > 0).to(gate)  # keeps its bits
-            logits = y[:, 1 : 1 + NUM_HYPOTHESES]
-            if c.seen_prior_px > 0:  # the seen change says nothing about an unseen Gaussian
-                seen = 1.0 - torch.exp(-s.signals.in_mask_weight / c.seen_prior_px)
-                logits = logits + _first_column(seen.clamp_min(1e-4).log())
-            if c.map_prior > 0:  # the map that explains the seen change better is likelier
-                err = stats[1:3] ** 2
-                logits = logits - F.pad((err - err.min()) / c.map_prior**2, (1, 0))
-            if c.hint_restricts:  # a given kind rules hypotheses out (paint: no recolour)
-                allowed = HINT_HYPOTHESES[s.hint].to(logits.device)
-                logits = logits.masked_fill(~allowed, float("-inf"))
-            mix = torch.softmax(logits, -1)
-            corr = torch.tanh(y[:, 1 + NUM_HYPOTHESES :])
-            if c.commit > 0:
-                mix = _committed(mix, c.commit, self.training, renormalise=True)
-                corr = _committed(corr, c.commit, self.training, renormalise=False)
-            corr = c.correction_scale * corr
-            rgb = gate[:, None] * ((mix[..., None] * cand).sum(1) + corr)
-            # The view-dependent bands follow the chosen hypotheses' maps (identity: unchanged).
-            eye = torch.eye(3, dtype=rgb.dtype, device=rgb.device)
-            mixed = (mix[..., None, None] * rest).sum(1)
-            rest_map = eye + gate[:, None, None] * (mixed - eye)
-            out.append(
-                {"rgb": rgb, "sh_dc": rgb / SH_C0, "rest_map": rest_map, "gate": gate,
-                 "mix": mix, "evidence": evidence}
-            )  # fmt: skip
+                walker = self._walker(s, cand, per_gauss, normals)
+            d = self._head(s, x[b], inp, None if walker is None else walker())
+            steps = self._reach_steps(s, d["gate"], d["mix"])
+            if steps is not None:  # a recolour: the walk again, further (Stage2Config)
+                d = self._head(s, x[b], inp, walker(steps))
+            out.append(d)
         return out, new_state
+
+    def _head(self, s: EditSample, xb: torch.Tensor, inputs, walk) -> dict[str, torch.Tensor]:
+        """The per-Gaussian head of one sample: its deltas (see `forward`) from the voxel
+        tokens xb [V, dim], its per-Gaussian inputs and the walk's channels (or None)."""
+        c = self.config
+        cand, stats, per_gauss, normals, rest = inputs
+        vox = s.latent.vox
+        n = s.colors.shape[0]
+        hint = F.one_hot(torch.tensor(EDIT_HINTS.index(s.hint)), len(EDIT_HINTS)).to(xb)
+        parts = [
+            xb[vox.gauss_voxel],
+            s.latent.gauss_feat,
+            s.colors,
+            normals,
+            per_gauss,
+            stats.expand(n, -1),
+            hint.expand(n, -1),
+        ]
+        if walk is not None:
+            parts.append(walk)
+        z = torch.cat(parts, dim=-1)
+        y = self.head(z)
+        evidence = s.signals.evidence(c.evidence_tau).to(y.dtype)
+        # Edit weights below gate_floor are exactly zero: where the network is confident a
+        # Gaussian is not part of the edit, it keeps its bits (and is not written back).
+        f = c.gate_floor
+        soft = torch.sigmoid(y[:, 0])
+        top = 1 - f if c.commit > 0 else 1.0  # committed: above 1 - f is exactly one
+        hard = torch.clamp((soft - f) / (top - f), 0.0, 1.0)
+        if self.training:  # straight-through: a gate below the floor can still learn to open
+            hard = hard + (soft - soft.detach())
+        gate = evidence * hard
+        if s.hint in LOCAL_HINTS:  # only what a masked pixel shows may move; the rest
+            gate = gate * (s.signals.in_mask_weight > 0).to(gate)  # keeps its bits
+        logits = y[:, 1 : 1 + NUM_HYPOTHESES]
+        if c.seen_prior_px > 0:  # the seen change says nothing about an unseen Gaussian
+            seen = 1.0 - torch.exp(-s.signals.in_mask_weight / c.seen_prior_px)
+            logits = logits + _first_column(seen.clamp_min(1e-4).log())
+        if c.map_prior > 0:  # the map that explains the seen change better is likelier
+            err = stats[1:3] ** 2
+            logits = logits - F.pad((err - err.min()) / c.map_prior**2, (1, 0))
+        if c.hint_restricts:  # a given kind rules hypotheses out (paint: no recolour)
+            allowed = HINT_HYPOTHESES[s.hint].to(logits.device)
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        mix = torch.softmax(logits, -1)
+        corr = torch.tanh(y[:, 1 + NUM_HYPOTHESES :])
+        if c.commit > 0:
+            mix = _committed(mix, c.commit, self.training, renormalise=True)
+            corr = _committed(corr, c.commit, self.training, renormalise=False)
+        corr = c.correction_scale * corr
+        rgb = gate[:, None] * ((mix[..., None] * cand).sum(1) + corr)
+        # The view-dependent bands follow the chosen hypotheses' maps (identity: unchanged).
+        eye = torch.eye(3, dtype=rgb.dtype, device=rgb.device)
+        mixed = (mix[..., None, None] * rest).sum(1)
+        rest_map = eye + gate[:, None, None] * (mixed - eye)
+        return {"rgb": rgb, "sh_dc": rgb / SH_C0, "rest_map": rest_map, "gate": gate,
+                "mix": mix, "evidence": evidence}  # fmt: skip
+
+    def _reach_steps(self, s: EditSample, gate: torch.Tensor, mix: torch.Tensor) -> int | None:
+        """The coarse steps of a second walk when the first pass (its gate [N] and mix
+        [N, NUM_HYPOTHESES] over every Gaussian) reads a non-local edit as a recolour
+        (Stage2Config.prop_reach_steps / prop_reach_share); None: the first pass stands."""
+        c = self.config
+        if c.prop_reach_steps == 0 or self.propagation is None or self.training:
+            return None
+        if s.hint in LOCAL_HINTS:  # only masked Gaussians move: nothing to reach
+            return None
+        share = recolor_share(gate, mix)
+        return c.prop_reach_steps if share >= c.prop_reach_share else None
+
+
+def recolor_share(gate: torch.Tensor, mix: torch.Tensor) -> float:
+    """The share of an edit's weight (gate [N]) that the affine recolour carries (mix
+    [N, NUM_HYPOTHESES], its column 1); 0 where nothing moves."""
+    gate, mix = gate.detach(), mix.detach()  # a decision, not a function to differentiate
+    total = float(gate.sum())
+    return float((gate * mix[:, 1]).sum()) / total if total > 0 else 0.0
 
 
 def _committed(w: torch.Tensor, floor: float, training: bool, renormalise: bool) -> torch.Tensor:

@@ -173,7 +173,7 @@ class TrainConfig:
 # whose new weights start at their initialisation (see loop.grow_state).
 PHASE_STAGE2_KEYS = (
     "solve_iters", "solve_prior_px", "fit_maps", "propagate", "seen_prior_px", "map_prior",
-    "commit", "prop_coarse_steps", "prop_fine_steps",
+    "commit", "prop_coarse_steps", "prop_fine_steps", "prop_reach_steps", "prop_reach_share",
 )  # fmt: skip
 PHASE_KEYS = ("name", "data", "optim", "loss", "stage2")
 
