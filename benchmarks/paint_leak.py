@@ -19,7 +19,6 @@ gives the affine recolour (`stage2.recolor_share`), which decides a second, long
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from typing import Any
@@ -36,10 +35,8 @@ FAR_PX = 36  # the browser test's "outside": 12 + 24 px from the stroke's axis
 FAR_MEAN_LIMIT, FAR_P999_LIMIT = 1.0, 40.0  # the browser test's bounds
 
 
-def with_stage2(model, overrides: dict[str, str]):
-    """The same weights under a Stage II config with `overrides` (parsed to each field's type)."""
-    from splatpainter.model.editor import EditorModel
-
+def parse_overrides(model, overrides: dict[str, str]) -> dict[str, Any]:
+    """--set's KEY=VALUE texts as Stage II config values of each field's type."""
     s2 = model.config.stage2
     kw: dict[str, Any] = {}
     for key, text in overrides.items():
@@ -47,10 +44,7 @@ def with_stage2(model, overrides: dict[str, str]):
             raise SystemExit(f"--set: Stage II has no option {key!r}")
         kind = type(getattr(s2, key))
         kw[key] = text.lower() in ("1", "true", "yes") if kind is bool else kind(text)
-    other = EditorModel(dataclasses.replace(model.config, stage2=dataclasses.replace(s2, **kw)))
-    other.load_state_dict(model.state_dict())
-    other.trained = model.trained
-    return other.eval()
+    return kw
 
 
 def stroke_distance() -> np.ndarray:
@@ -73,8 +67,8 @@ def run(kinds, weights, overrides) -> dict[str, Any]:
     from splatpainter.web.views import OrbitView, orbit_camera
 
     model, label = load_model(weights)
-    model = with_stage2(model, overrides)
-    first_pass = with_stage2(model, {"prop_reach_steps": "0"})
+    model = model.with_stage2(**parse_overrides(model, overrides))
+    first_pass = model.with_stage2(prop_reach_steps=0)
     asset = load_asset(demo_ply_path())
     centre, radius = asset.bounding_sphere(sigma=3.0)  # as the web editor frames it
     dist = stroke_distance()

@@ -329,18 +329,6 @@ def test_a_non_local_apply_at_capture_scale_takes_the_chunked_head(recolour_setu
 
 
 # ------------------------------------------------------------------------- the reach pass
-def _with_stage2(model, **kw):
-    """The same weights under a Stage II config with `kw` changed."""
-    import dataclasses
-
-    from splatpainter.model.editor import EditorModel
-
-    s2 = dataclasses.replace(model.config.stage2, **kw)
-    other = EditorModel(dataclasses.replace(model.config, stage2=s2))
-    other.load_state_dict(model.state_dict())
-    return other.eval()
-
-
 def _forward(model, asset, view, kind):
     from splatpainter.edit.methods import build_edit_sample
 
@@ -360,12 +348,12 @@ def test_a_recolour_walks_again_further(recolour_setup, kind):
     from splatpainter.model.restricted import chunked_forward
 
     asset, model, view, _ = recolour_setup
-    base = _with_stage2(model, prop_reach_steps=0)
+    base = model.with_stage2(prop_reach_steps=0)
     first, *_ = _forward(base, asset, view, kind)
     share = recolor_share(first["gate"], first["mix"])
     assert share > 0.95  # a global recolour
-    reach = _with_stage2(model, prop_reach_steps=96, prop_reach_share=0.9)
-    longer = _with_stage2(model, prop_reach_steps=0, prop_coarse_steps=96)
+    reach = model.with_stage2(prop_reach_steps=96, prop_reach_share=0.9)
+    longer = model.with_stage2(prop_reach_steps=0, prop_coarse_steps=96)
     got, fast, sample, state = _forward(reach, asset, view, kind)
     want, want_fast, *_ = _forward(longer, asset, view, kind)
     assert not torch.equal(got["rgb"], first["rgb"])
@@ -381,8 +369,8 @@ def test_an_edit_read_as_paint_keeps_the_walk_it_was_trained_with(recolour_setup
     """Below the share (a paint stroke read in auto) or for a local kind, the reach pass
     changes nothing, bit for bit; nor does it in training."""
     asset, model, view, paint = recolour_setup
-    base = _with_stage2(model, prop_reach_steps=0)
-    reach = _with_stage2(model, prop_reach_steps=96, prop_reach_share=0.9)
+    base = model.with_stage2(prop_reach_steps=0)
+    reach = model.with_stage2(prop_reach_steps=96, prop_reach_share=0.9)
     first, *_ = _forward(base, asset, paint, "auto")
     share = recolor_share(first["gate"], first["mix"])
     assert share < 0.9

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,16 @@ class EditorModel(nn.Module):
         finally:
             torch.random.set_rng_state(state)
         return model.eval()
+
+    def with_stage2(self, **changes: Any) -> EditorModel:
+        """The same weights under a Stage II config with `changes` (inference options such as
+        the walk's length; the architecture must stay), in eval mode, sharing the disk cache."""
+        config = replace(self.config, stage2=replace(self.config.stage2, **changes))
+        other = EditorModel(config)
+        other.load_state_dict(self.state_dict())
+        other.trained = self.trained
+        other.latent_cache = self.latent_cache
+        return other.eval()
 
     def num_parameters(self) -> dict[str, int]:
         def count(m: nn.Module) -> int:

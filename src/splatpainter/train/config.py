@@ -168,7 +168,7 @@ class TrainConfig:
 
 
 # Stage II keys a phase may change: how the signals are computed, the priors on the choice
-# between hypotheses and the walk's step counts (no weights), not the architecture.
+# between hypotheses, the walk's step counts and its reach (no weights), not the architecture.
 # `propagate` may be switched on by a phase: it grows the editor by the propagation module,
 # whose new weights start at their initialisation (see loop.grow_state).
 PHASE_STAGE2_KEYS = (
