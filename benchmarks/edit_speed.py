@@ -19,8 +19,9 @@ tiled 27 times), and the figures are those of opening and editing it: Stage I op
 empty latent cache in a temporary folder unless --cache-dir; in a process whose compiled kernels
 are loaded, as a running editor's are: a 2,000-Gaussian asset is opened first) and again from
 the disk cache by a new editor (a reopened session), per-edit seconds of `ModelMethod.apply`
-(the restricted path of a local kind: model/restricted.py) with the time of each stage, one
-512x512 render of the asset for the ratio the issue sets (apply <= 3x render), the resident
+(the restricted path of a local kind: model/restricted.py) with the time of each stage, a
+512x512 render of the asset for the ratio the issue sets (apply <= 3x render; the median of
+--repeats renders, at least 3: one render varied by up to 1.4x between runs), the resident
 memory a session keeps per edit (over 4 edits, and per edit after the first, which adds the
 session's current asset; earlier entries keep only the rows they changed: edit/session.py; and
 the bytes the history holds, which resident memory shows only roughly), the process's peak RSS,
@@ -153,8 +154,7 @@ def at_scale(args, asset, view, tiles: int) -> None:
         entry_mb = cache.size_bytes() / 2**20
 
     cam512 = orbit_cameras(asset, 4, width=512, height=512)[0]
-    render(asset, cam512)  # warm-up
-    t_render = _median_s(lambda: render(asset, cam512), 1)
+    t_render = _median_s(lambda: render(asset, cam512), max(3, args.repeats))
 
     # one edit, stage by stage (the same calls ModelMethod.apply makes)
     settings = model.stage2.config.signal_settings()

@@ -363,6 +363,49 @@ def test_color_render_is_render_with_colors_bit_for_bit():
         staged(torch.zeros(n, 4))
 
 
+def test_compositing_weights_are_the_raster_s_weights_bit_for_bit():
+    """Each Gaussian's entries are exactly the render of that Gaussian alone in colour 1 (the
+    others 0, black background: the render's column of A); apply, adjoint and the solve's
+    residual step are render(colors=), splat_sums and A^T (A x - t) to float rounding; above
+    the limit there are none."""
+    from splatpainter.assets import GaussianAsset
+    from splatpainter.camera import Camera
+    from splatpainter.render import compositing_weights, splat_sums
+
+    asset = GaussianAsset(**mixed_scene(seed=5, sh_degree=1))
+    cam = Camera(width=W, height=H, fx=70.0, fy=66.0, cx=32.0, cy=24.0, world_to_cam=_w2c())
+    n = asset.num_gaussians
+    a = compositing_weights(asset, cam)
+    assert a is not None and a.pixel.numel() > n
+    pairs = a.pixel * n + a.gaussian
+    assert torch.unique(pairs).numel() == pairs.numel()  # one entry per (pixel, Gaussian)
+    drawn = 0
+    for g in range(n):
+        one = torch.zeros(n, 3)
+        one[g, 0] = 1.0
+        column = render(asset, cam, colors=one, background=torch.zeros(3)).rgb[..., 0]
+        mine = torch.zeros(H * W)
+        at = a.gaussian == g
+        mine[a.pixel[at]] = a.weight[at]
+        assert torch.equal(mine.view(H, W), column), g
+        drawn += int(bool(at.any()))
+    assert drawn > n // 2
+    gen = torch.Generator().manual_seed(1)
+    c = torch.rand(n, 3, generator=gen)
+    t = torch.rand(H, W, 3, generator=gen)
+    rgb = render(asset, cam, colors=c, background=torch.zeros(3)).rgb
+    torch.testing.assert_close(a.apply(c), rgb, rtol=0, atol=1e-6)
+    torch.testing.assert_close(a.adjoint(t), splat_sums(asset, cam, t), rtol=1e-5, atol=1e-6)
+    step = a.residual_step(t)
+    torch.testing.assert_close(step(c), a.adjoint(a.apply(c) - t), rtol=1e-5, atol=1e-6)
+    keep = torch.arange(n) % 3 == 0
+    index = torch.where(keep, torch.cumsum(keep, 0) - 1, -1)
+    sub = a.remapped(index, int(keep.sum()))
+    torch.testing.assert_close(sub.adjoint(t), a.adjoint(t)[keep], rtol=0, atol=0)
+    assert compositing_weights(asset, cam, limit=a.pixel.numel() - 1) is None
+    assert compositing_weights(asset, cam, limit=a.pixel.numel()) is not None
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [

@@ -237,13 +237,19 @@ def test_asset_normals_by_regions_equal_estimate_normals(monkeypatch):
     assert torch.equal(stage1.asset_normals(asset, cfg), ref)
 
 
-def test_the_solve_steps_on_the_window_s_gaussians_equal_those_on_every_contributing_one():
-    """The least-squares steps render only the Gaussians with weight in the stroke's window;
+def test_the_solve_steps_on_the_window_s_gaussians_equal_those_on_every_contributing_one(
+    monkeypatch,
+):
+    """Where a view steps by renders (its compositing weights too many to hold), the
+    least-squares steps render only the Gaussians with weight in the stroke's window;
     rendering every Gaussian of the view instead gives the same solve bit for bit (two views
     of the tiled asset)."""
     from splatpainter.assets.gaussians import sh_dc_to_rgb
+    from splatpainter.edit import solve
     from splatpainter.edit.signals import gather_signals
     from splatpainter.edit.solve import solve_color_delta
+
+    monkeypatch.setattr(solve, "MATRIX_ENTRIES", -1)
 
     asset = tiled(2500, 2)
     views = [painted_view(asset, 0), painted_view(asset, 2, color=(0.2, 0.9, 0.1))]
@@ -261,3 +267,31 @@ def test_the_solve_steps_on_the_window_s_gaussians_equal_those_on_every_contribu
     every = solve_color_delta(*args, **kw, window_only=False)
     assert int((window != 0).any(-1).sum()) > 100
     assert torch.equal(window, every)
+
+
+def test_the_solve_by_compositing_weights_is_the_solve_by_renders(monkeypatch):
+    """The solve's steps as a gather and scatter over each view's compositing weights (the
+    default) give the solve by a render and its colour backward per step, to float rounding
+    (two views of the tiled asset, 12 steps)."""
+    from splatpainter.assets.gaussians import sh_dc_to_rgb
+    from splatpainter.edit import solve
+    from splatpainter.edit.signals import gather_signals
+
+    asset = tiled(2500, 2)
+    views = [painted_view(asset, 0), painted_view(asset, 2, color=(0.2, 0.9, 0.1))]
+    signals, evidence = gather_signals(asset, views)
+    touched = signals.in_mask_weight > 0
+    args = (
+        asset,
+        [ev.view.camera for ev in evidence],
+        [ev.wanted_change for ev in evidence],
+        touched,
+        sh_dc_to_rgb(asset.sh[:, 0, :]).clamp_max(1.0),
+    )
+    kw = {"contributing": [ev.contributing for ev in evidence], "iters": 12, "prior_px": 0.01}
+    by_weights = solve.solve_color_delta(*args, **kw)
+    monkeypatch.setattr(solve, "MATRIX_ENTRIES", -1)
+    by_renders = solve.solve_color_delta(*args, **kw)
+    assert int((by_weights != 0).any(-1).sum()) > 1000
+    assert torch.equal(by_weights != 0, by_renders != 0)
+    torch.testing.assert_close(by_weights, by_renders, rtol=0, atol=1e-4)

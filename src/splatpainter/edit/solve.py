@@ -15,8 +15,11 @@ without it, a Gaussian behind the painted surface with 0.01 px of weight would t
 colour fits that 0.01 px, and show it from the back.  It is
 solved with projected, accelerated (FISTA) gradient steps preconditioned by
 D = diag(A^T A 1_S), the SIRT scaling: for a non-negative A it bounds A^T A, so a unit step is
-always stable.  One step costs one render and its colour backward per view, and only of the
-window of pixels the touched Gaussians reach (a cropped camera), so a small stroke is cheap.
+always stable.  A step needs A_v and A_v^T per view, only on the box of pixels the touched
+Gaussians reach (a cropped camera), so a small stroke is cheap: the view's compositing weights
+are taken once (`render.compositing_weights`) and a step is a gather and a scatter over them;
+where they are too many to hold (or the backend does not give them) a step is a render and
+its colour backward.
 The first step is the weighted mean residual scaled by the Gaussian's share of its pixels; later
 ones correct overlaps and edges.
 """
@@ -114,6 +117,13 @@ def solve_color_delta(
             idx = keep.nonzero().squeeze(1)
             asset_v = a.subset(idx)
             cam = cam.to(a.device)
+            matrix = _entries_step(asset_v, cam, touched[idx], slot[idx], rows.numel(), tgt)
+            if matrix is not None:
+                g, step = matrix
+                diag.index_add_(0, idx, g)
+                if step is not None:
+                    views.append(step)
+                continue
             g, box, inside = _reach_pass(asset_v, cam, ones[idx])
             diag.index_add_(0, idx, g)
             if box is None:
@@ -130,14 +140,9 @@ def solve_color_delta(
             near = near.nonzero().squeeze(1)
             at = slot[idx[near]]
             seen = at >= 0
-            views.append(
-                (
-                    ColorRender(asset_v.subset(near), window),
-                    seen,
-                    at[seen],
-                    tgt.to(colors)[y0 : y1 + 1, x0 : x1 + 1],
-                )
-            )
+            render_v = ColorRender(asset_v.subset(near), window)
+            tgt_v = tgt.to(colors)[y0 : y1 + 1, x0 : x1 + 1]
+            views.append(lambda y, r=render_v, s=seen, i=at[seen], t=tgt_v: gram(r, s, i, y, t))
         diag = diag[rows].mean(-1, keepdim=True)
         area = sum(int(c.width) * int(c.height) for c in cameras) / len(cameras)
         mu = prior_px * area / (128 * 128)
@@ -148,14 +153,48 @@ def solve_color_delta(
         t = 1.0
         for _ in range(iters):
             g = (damping * diag + mu) * y
-            for render_v, seen, at, tgt in views:
-                g += gram(render_v, seen, at, y, tgt)
+            for step in views:
+                g += step(y)
             x_new = torch.minimum(torch.maximum(y - inv * g, lo), hi)
             t_new = 0.5 * (1.0 + (1.0 + 4.0 * t * t) ** 0.5)
             y = x_new + ((t - 1.0) / t_new) * (x_new - x)
             x, t = x_new, t_new
         delta[rows] = torch.where(ok, x, 0.0)
         return delta
+
+
+# Compositing weights one view's steps may hold (`render.compositing_weights`): with their
+# copies and sparse layouts ~80 bytes each, 2^21 are ~0.17 GB while they last.  A view with more
+# (a recolour of a whole 512x512 view of a dense capture) steps by renders instead.
+MATRIX_ENTRIES = 1 << 21
+
+
+def _entries_step(asset_v, camera, touched: torch.Tensor, slot: torch.Tensor, size: int, tgt):
+    """One view's share of the solve from its compositing weights A over the box the touched
+    Gaussians are drawn in: (A^T A 1_S [n, 3], the step x -> A_S^T (A_S x - t) on the touched
+    rows, None if they reach no pixel), or None where the weights are not to be had (another
+    backend, or more than MATRIX_ENTRIES of them): the view then steps by renders
+    (`_reach_pass`, `ColorRender`).  The same maths as those renders (the entries are the
+    raster's weights bit for bit), summed in another order; one compositing pass per view
+    instead of two per step."""
+    from splatpainter.render import compositing_weights, footprint_box
+
+    n = touched.numel()
+    fbox = footprint_box(asset_v.subset(touched), camera)
+    if fbox is None:
+        return asset_v.means.new_zeros(n, 3), None
+    fx0, fy0, fx1, fy1 = fbox
+    crop = camera.cropped(fx0, fy0, fx1 - fx0 + 1, fy1 - fy0 + 1)
+    weights = compositing_weights(asset_v, crop, limit=MATRIX_ENTRIES)
+    if weights is None:
+        return None
+    ones = touched[:, None].to(asset_v.means.dtype)
+    diag = weights.adjoint(weights.apply(ones)).expand(-1, 3)
+    on_s = weights.remapped(slot, size)  # x is zero off the touched rows: their entries alone
+    if on_s.pixel.numel() == 0:
+        return diag, None
+    t = tgt.to(asset_v.means.dtype)[fy0 : fy1 + 1, fx0 : fx1 + 1]
+    return diag, on_s.residual_step(t)
 
 
 def _reach_pass(asset_v, camera, ones: torch.Tensor):

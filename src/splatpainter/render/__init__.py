@@ -15,7 +15,9 @@ early termination. The rules are stated once, in ``project.py``.
   those weights (one forward-like pass on the numba backend); ``footprint_box(asset, camera)``
   the pixel box every drawn Gaussian stays in (a crop of it renders them all);
   ``ColorRender(asset, camera)(colors)``: renders of one geometry in changing colours, its
-  projection and binning done once (the least-squares solve's steps).
+  projection and binning done once; ``compositing_weights(asset, camera)``: the same linear
+  map as its non-zero entries (``CompositingWeights.apply`` / ``adjoint``: the least-squares
+  solve's steps as a gather and a scatter).
 
 ``RenderOutput``: rgb [H,W,D], alpha [H,W], depth [H,W] (expected depth: alpha-normalised
 view-space z, 0 where alpha is 0), depth_accum [H,W] (accumulated depth), radii [N] (larger
@@ -32,8 +34,10 @@ slower.
 from splatpainter.render.api import (
     BACKENDS,
     ColorRender,
+    CompositingWeights,
     RenderError,
     RenderOutput,
+    compositing_weights,
     footprint_box,
     rasterize,
     render,
@@ -44,8 +48,10 @@ from splatpainter.render.api import (
 __all__ = [
     "BACKENDS",
     "ColorRender",
+    "CompositingWeights",
     "RenderError",
     "RenderOutput",
+    "compositing_weights",
     "footprint_box",
     "rasterize",
     "render",

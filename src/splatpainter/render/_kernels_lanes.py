@@ -600,3 +600,107 @@ def raster_sums(
         _sum_tile(rows, ids, offsets[t], offsets[t + 1], x_lo, y_lo, x_hi, y_hi, n_runs, thr,
                   targets, st, xs, tt, acc, wl, live_rows, sums)  # fmt: skip
     return sums
+
+
+@njit(cache=True, fastmath=_FLAGS)
+def _weights_tile(
+    rows, ids, start, end, x_lo, y_lo, x_hi, y_hi, n_runs, thr, width, st, xs, wl, live_rows,
+    out_pix, out_m, out_w, at, emit,
+):  # pragma: no cover  # fmt: skip
+    """The non-zero compositing weights of one tile, with the forward's rules (as
+    ``_sum_tile``): counted, or (``emit``) written from slot ``at`` as (pixel, intersection,
+    weight); returns their count.  Each pixel's come front to back."""
+    amax, amin, tmin = thr[0], thr[1], thr[2]
+    nh = y_hi - y_lo
+    _pixel_centres(xs, x_lo, n_runs)
+    for iy in range(nh):
+        for r in range(n_runs):
+            j = iy * n_runs + r
+            for ln in range(LANES):
+                st[j, _S_T * LANES + ln] = _ONE
+                st[j, _S_LIVE * LANES + ln] = _ONE if x_lo + r * LANES + ln < x_hi else _ZERO
+        live_rows[iy] = 1
+    n_live = nh
+    count = 0
+    for m in range(start, end):
+        if n_live == 0:
+            break
+        g = ids[m]
+        if rows[g, 11] < 0.0:
+            continue
+        mx, my, y0, y1, r0, r1, ca, cb, cc, _, _, _, op, _ = _gaussian(
+            rows, g, x_lo, y_lo, x_hi, y_hi
+        )
+        for py in range(y0, y1):
+            iy = py - y_lo
+            if live_rows[iy] == 0 or r1 <= r0:
+                continue
+            dy = my - (_F(py) + _HALF)
+            cdy = cc * dy * dy
+            for r in range(r0, r1):
+                j = iy * n_runs + r
+                row = st[j]
+                xr = xs[r]
+                for ln in range(LANES):
+                    w, t, live, _ = _composite(
+                        ca, cb, mx - xr[ln], dy, cdy, op, row[_S_T * LANES + ln],
+                        row[_S_LIVE * LANES + ln], amax, amin, tmin,
+                    )  # fmt: skip
+                    wl[ln] = w
+                    row[_S_T * LANES + ln] = t
+                    row[_S_LIVE * LANES + ln] = live
+                for ln in range(LANES):
+                    if wl[ln] != _ZERO:
+                        if emit:
+                            out_pix[at + count] = py * width + x_lo + r * LANES + ln
+                            out_m[at + count] = m
+                            out_w[at + count] = wl[ln]
+                        count += 1
+        if (m - start) % _CHECK == _CHECK - 1:  # as the forward: stop once every pixel has
+            n_live = _recount_live(st, _S_LIVE, nh, n_runs, live_rows)
+    return count
+
+
+@njit(parallel=True, cache=True)
+def _weights_pass(
+    rows, ids, offsets, width, height, tile, tiles_x, thr, n_thr, starts, out_pix, out_m, out_w,
+    emit,
+):  # pragma: no cover  # fmt: skip
+    """``_weights_tile`` over every tile: the counts [T], or the triplets written from
+    ``starts`` [T]."""
+    n_tiles = offsets.shape[0] - 1
+    n_runs = (tile + LANES - 1) // LANES
+    counts = np.zeros(n_tiles, dtype=np.int64)
+    for k in prange(((n_tiles + n_thr - 1) // n_thr) * n_thr):
+        t = _interleaved_tile(k, n_tiles, n_thr)
+        if t < 0:
+            continue
+        x_lo, y_lo, x_hi, y_hi = _tile_box(t, tiles_x, tile, width, height)
+        st = np.empty((tile * n_runs, _S_NQ * LANES), dtype=np.float32)
+        xs = np.empty((n_runs, LANES), dtype=np.float32)
+        wl = np.empty(LANES, dtype=np.float32)
+        live_rows = np.empty(tile, dtype=np.int64)
+        counts[t] = _weights_tile(
+            rows, ids, offsets[t], offsets[t + 1], x_lo, y_lo, x_hi, y_hi, n_runs, thr, width,
+            st, xs, wl, live_rows, out_pix, out_m, out_w, starts[t] if emit else 0, emit,
+        )  # fmt: skip
+    return counts
+
+
+def raster_weights(rows, ids, offsets, width, height, tile, tiles_x, thr, n_thr, limit):
+    """Every non-zero compositing weight ``w_gp = alpha_gp T_gp`` (the forward's rules and
+    roundings): pixel index (y * width + x) int64 [E], intersection int64 [E], weight float32
+    [E], each pixel's front to back, and E.  Counted first, tile by tile: above ``limit``
+    the three arrays come back empty (the caller cannot hold them)."""
+    n_tiles = offsets.shape[0] - 1
+    e64, e32 = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+    args = (rows, ids, offsets, width, height, tile, tiles_x, thr, n_thr)
+    counts = _weights_pass(*args, np.zeros(n_tiles, np.int64), e64, e64, e32, False)
+    total = int(counts.sum())
+    if total > limit:
+        return e64, e64, e32, total
+    starts = np.zeros(n_tiles, dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    pix, m, w = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.float32)
+    _weights_pass(*args, starts, pix, m, w, True)
+    return pix, m, w, total

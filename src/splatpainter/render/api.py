@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -409,6 +410,93 @@ class ColorRender:
             bins=bins,
         )  # fmt: skip
         return rgb.to(device=self.asset.means.device, dtype=self.asset.means.dtype)
+
+
+@dataclass
+class CompositingWeights:
+    """A render's linear map from per-Gaussian colours to pixels (rgb = A c + T bg, the
+    geometry fixed) as its non-zero entries w_gp = alpha_gp T_gp, each pixel's front to back:
+    ``apply`` (A c) and ``adjoint`` (A^T t) are then a gather and a scatter over the entries,
+    not a compositing pass each (the least-squares solve's steps)."""
+
+    pixel: torch.Tensor  # [E] int64: y * width + x
+    gaussian: torch.Tensor  # [E] int64
+    weight: torch.Tensor  # [E]
+    height: int
+    width: int
+    num_gaussians: int
+
+    def apply(self, colors: torch.Tensor) -> torch.Tensor:
+        """A c: [H, W, C] of per-Gaussian values c [num_gaussians, C] (a black background)."""
+        out = colors.new_zeros(self.height * self.width, colors.shape[1])
+        out.index_add_(0, self.pixel, self.weight[:, None].to(colors) * colors[self.gaussian])
+        return out.view(self.height, self.width, -1)
+
+    def adjoint(self, image: torch.Tensor) -> torch.Tensor:
+        """A^T t: [num_gaussians, C] of per-pixel values t [H, W, C]."""
+        flat = image.reshape(self.height * self.width, -1)
+        out = image.new_zeros(self.num_gaussians, flat.shape[1])
+        out.index_add_(0, self.gaussian, self.weight[:, None].to(image) * flat[self.pixel])
+        return out
+
+    def residual_step(self, target: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x -> A^T (A x - t) for t [H, W, C], for repeated calls (a least-squares solve's
+        steps): A and A^T are laid out once as sparse row-major matrices, ~9x faster a call
+        than `apply` and `adjoint`."""
+        e = self.pixel.numel()
+        hw = self.height * self.width
+        dtype = target.dtype
+        t = target.reshape(hw, -1)
+
+        def csr(rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+            order = torch.argsort(rows, stable=True)
+            crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=rows.device)
+            crow[1:] = torch.cumsum(torch.bincount(rows, minlength=shape[0]), 0)
+            with warnings.catch_warnings():  # (CSR support is marked beta)
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.sparse_csr_tensor(
+                    crow, cols[order], self.weight[order].to(dtype), shape, check_invariants=False
+                )
+
+        if e == 0:
+            return lambda x: torch.zeros_like(x)
+        a = csr(self.pixel, self.gaussian, (hw, self.num_gaussians))
+        a_t = csr(self.gaussian, self.pixel, (self.num_gaussians, hw))
+        return lambda x: a_t @ (a @ x - t)
+
+    def remapped(self, index: torch.Tensor, size: int) -> CompositingWeights:
+        """The entries of the Gaussians g with index[g] >= 0, renumbered index[g] of `size`."""
+        new = index[self.gaussian]
+        keep = new >= 0
+        return CompositingWeights(
+            self.pixel[keep], new[keep], self.weight[keep], self.height, self.width, size
+        )
+
+
+# Entries above which `compositing_weights` declines (16 bytes each with the index copies):
+# a whole 512x512 view of a dense capture would hold tens of millions.
+MAX_COMPOSITING_ENTRIES = 1 << 24
+
+
+def compositing_weights(
+    asset: GaussianAsset, camera: Camera, *, limit: int = MAX_COMPOSITING_ENTRIES
+) -> CompositingWeights | None:
+    """The render's compositing weights as a `CompositingWeights` (numba backend: the same
+    rules and bits as its raster); None on another backend or above `limit` entries."""
+    a = asset.detach()
+    if _pick_backend(a.means, "auto") != "numba":
+        return None
+    from splatpainter.render import numba_backend as nb
+
+    proj, opacities = _numba_projection(a, camera)
+    w, h = int(camera.width), int(camera.height)
+    found = nb.splat_entries_numba(
+        proj.means2d, proj.conics, opacities, proj.depths, proj.extents, w, h, limit
+    )
+    if found is None:
+        return None
+    pix, gauss, weight = (t.to(a.means.device) for t in found)
+    return CompositingWeights(pix, gauss, weight.to(a.means.dtype), h, w, a.num_gaussians)
 
 
 def splat_weights(

@@ -361,3 +361,30 @@ def rasterize_and_weights_numba(
     weights = _gaussian_sums(offsets, ids, hit, tiles_x, rows, width, height, ones, n)[:, 0]
     return (torch.from_numpy(rgb), torch.from_numpy(alpha), torch.from_numpy(depth),
             torch.from_numpy(weights))  # fmt: skip
+
+
+def splat_entries_numba(
+    means2d: torch.Tensor,
+    conics: torch.Tensor,
+    opacities: torch.Tensor,
+    depths: torch.Tensor,
+    extents: torch.Tensor,
+    width: int,
+    height: int,
+    limit: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The forward raster's non-zero compositing weights as (pixel y * width + x, Gaussian,
+    weight) [E] each, each pixel's front to back (``_kernels_lanes.raster_weights``); None
+    when there are more than ``limit``."""
+    n = means2d.shape[0]
+    offsets, ids, hit, tiles_x, rows = _bins_and_rows(
+        means2d, conics, np.zeros((n, 3), np.float32), opacities, depths, extents, width, height
+    )
+    pix, m, w, total = _kernels_lanes.raster_weights(
+        rows, ids, offsets, width, height, project.TILE, tiles_x, raster_thresholds(),
+        numba.get_num_threads(), limit,
+    )  # fmt: skip
+    if total > limit:
+        return None
+    gauss = hit[ids[m]] if total else np.empty(0, np.int64)
+    return torch.from_numpy(pix), torch.from_numpy(gauss.astype(np.int64)), torch.from_numpy(w)
