@@ -69,8 +69,10 @@ def test_splat_sums_of_the_compiled_pass_equal_the_gradient_of_a_render():
 
 def test_faint_normals_by_cells_equal_the_all_pairs_call_on_clustered_points():
     """Dense clusters of faint Gaussians with a few trusted ones spread far and near: the
-    cell balls (centre, reach, margin-th trusted) must still hold every faint Gaussian's
-    nearest trusted ones."""
+    cell balls (centre, reach, 16th trusted) must still hold every faint Gaussian's 16
+    nearest trusted, so the cells turn each normal as the all-pairs call in float64 does.  The
+    float32 all-pairs call rounds its distances (|x|^2 + |y|^2 - 2 x.y, clusters 4 units from
+    the origin 0.02 wide) and takes another 16th neighbour on 3 of 6,681 rows here."""
     from splatpainter.model.hypotheses import orient_by_neighbours
     from splatpainter.model.stage1 import orient_faint_locally
 
@@ -84,11 +86,15 @@ def test_faint_normals_by_cells_equal_the_all_pairs_call_on_clustered_points():
     normals = torch.nn.functional.normalize(torch.randn(n, 3, generator=g), dim=-1)
     trusted = torch.rand(n, generator=g) > 0.93
     log_scales = torch.randn(n, 3, generator=g) - 4
-    ref = orient_by_neighbours(normals, means, trusted, log_scales)
-    for chunk in (4096, 333):
+    exact = orient_by_neighbours(normals.double(), means.double(), trusted, log_scales.double())
+    flip = (exact * normals.double()).sum(-1) < 0
+    ref = torch.where(flip[:, None], -normals, normals)
+    for chunk in (65536, 333):
         got = orient_faint_locally(normals, means, trusted, log_scales, chunk=chunk)
         assert torch.equal(got, ref)
-    assert int((ref != normals).any(1).sum()) > 100
+    assert int(flip.sum()) > 100
+    rounded = orient_by_neighbours(normals, means, trusted, log_scales)
+    assert int((rounded != ref).any(1).sum()) <= 3
 
 
 def test_nearest_in_balls_of_the_kernel_equals_the_torch_reference():

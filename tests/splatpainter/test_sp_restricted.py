@@ -33,6 +33,28 @@ def painted_view(asset, index: int = 0, size: int = 128, color=(1.0, 0.0, 1.0)) 
     return EditView(cam, img)
 
 
+def two_view_solve(iters: int) -> tuple[tuple, dict]:
+    """`solve_color_delta`'s arguments for two painted views of the tiled asset."""
+    from splatpainter.assets.gaussians import sh_dc_to_rgb
+    from splatpainter.edit.signals import gather_signals
+
+    asset = tiled(2500, 2)
+    views = [painted_view(asset, 0), painted_view(asset, 2, color=(0.2, 0.9, 0.1))]
+    signals, evidence = gather_signals(asset, views)
+    args = (
+        asset,
+        [ev.view.camera for ev in evidence],
+        [ev.wanted_change for ev in evidence],
+        signals.in_mask_weight > 0,
+        sh_dc_to_rgb(asset.sh[:, 0, :]).clamp_max(1.0),
+    )
+    return args, {
+        "contributing": [ev.contributing for ev in evidence],
+        "iters": iters,
+        "prior_px": 0.01,
+    }
+
+
 def full_edit(model, asset, view, state, kind):
     """The unrestricted path: Stage II on every Gaussian, then the dense write-back."""
     settings = model.stage2.config.signal_settings()
@@ -244,25 +266,12 @@ def test_the_solve_steps_on_the_window_s_gaussians_equal_those_on_every_contribu
     least-squares steps render only the Gaussians with weight in the stroke's window;
     rendering every Gaussian of the view instead gives the same solve bit for bit (two views
     of the tiled asset)."""
-    from splatpainter.assets.gaussians import sh_dc_to_rgb
     from splatpainter.edit import solve
-    from splatpainter.edit.signals import gather_signals
     from splatpainter.edit.solve import solve_color_delta
 
     monkeypatch.setattr(solve, "MATRIX_ENTRIES", -1)
 
-    asset = tiled(2500, 2)
-    views = [painted_view(asset, 0), painted_view(asset, 2, color=(0.2, 0.9, 0.1))]
-    signals, evidence = gather_signals(asset, views)
-    touched = signals.in_mask_weight > 0
-    args = (
-        asset,
-        [ev.view.camera for ev in evidence],
-        [ev.wanted_change for ev in evidence],
-        touched,
-        sh_dc_to_rgb(asset.sh[:, 0, :]).clamp_max(1.0),
-    )
-    kw = {"contributing": [ev.contributing for ev in evidence], "iters": 6, "prior_px": 0.01}
+    args, kw = two_view_solve(iters=6)
     window = solve_color_delta(*args, **kw)
     every = solve_color_delta(*args, **kw, window_only=False)
     assert int((window != 0).any(-1).sum()) > 100
@@ -273,22 +282,9 @@ def test_the_solve_by_compositing_weights_is_the_solve_by_renders(monkeypatch):
     """The solve's steps as a gather and scatter over each view's compositing weights (the
     default) give the solve by a render and its colour backward per step, to float rounding
     (two views of the tiled asset, 12 steps)."""
-    from splatpainter.assets.gaussians import sh_dc_to_rgb
     from splatpainter.edit import solve
-    from splatpainter.edit.signals import gather_signals
 
-    asset = tiled(2500, 2)
-    views = [painted_view(asset, 0), painted_view(asset, 2, color=(0.2, 0.9, 0.1))]
-    signals, evidence = gather_signals(asset, views)
-    touched = signals.in_mask_weight > 0
-    args = (
-        asset,
-        [ev.view.camera for ev in evidence],
-        [ev.wanted_change for ev in evidence],
-        touched,
-        sh_dc_to_rgb(asset.sh[:, 0, :]).clamp_max(1.0),
-    )
-    kw = {"contributing": [ev.contributing for ev in evidence], "iters": 12, "prior_px": 0.01}
+    args, kw = two_view_solve(iters=12)
     by_weights = solve.solve_color_delta(*args, **kw)
     monkeypatch.setattr(solve, "MATRIX_ENTRIES", -1)
     by_renders = solve.solve_color_delta(*args, **kw)

@@ -126,20 +126,33 @@ def orient_by_neighbours(
         return n
     k = min(NORMAL_NEIGHBOURS, good.numel())
     out = n.clone()
-    pg, ng = means[good], n[good]
+    pg = means[good]
     for chunk in faint.split(1024):
         d = torch.cdist(means[chunk], pg)  # [F, T]
         dist, j = d.topk(k, largest=False)
-        nj = ng[j]  # [F, k, 3]
-        ni = n[chunk][:, None, :]
-        cos = (nj * ni).sum(-1)
-        offset = ((pg[j] - means[chunk][:, None, :]) * ni).sum(-1).abs()
-        # on one (smooth) sheet a neighbour lies mostly beside; the far wall lies above
-        reach = 0.25 * dist + log_scales[chunk].exp().amin(-1)[:, None]
-        same_sheet = (cos.abs() > 0.8) & (offset <= reach)
-        agree = (torch.sign(cos) * same_sheet.to(cos.dtype)).sum(-1)
-        out[chunk] = torch.where((agree < 0)[:, None], -n[chunk], n[chunk])
+        j = good[j]
+        out[chunk] = sheet_vote(n[chunk], means[chunk], log_scales[chunk], n[j], means[j], dist)
     return out
+
+
+def sheet_vote(
+    n: torch.Tensor,
+    means: torch.Tensor,
+    log_scales: torch.Tensor,
+    n_near: torch.Tensor,
+    means_near: torch.Tensor,
+    dist: torch.Tensor,
+) -> torch.Tensor:
+    """`orient_by_neighbours`' rule for rows [F] with their trusted neighbours [F, k] (normals,
+    centres, distances): each normal, flipped where the neighbours on its sheet disagree."""
+    ni = n[:, None, :]
+    cos = (n_near * ni).sum(-1)
+    offset = ((means_near - means[:, None, :]) * ni).sum(-1).abs()
+    # on one (smooth) sheet a neighbour lies mostly beside; the far wall lies above
+    reach = 0.25 * dist + log_scales.exp().amin(-1)[:, None]
+    same_sheet = (cos.abs() > 0.8) & (offset <= reach)
+    agree = (torch.sign(cos) * same_sheet.to(cos.dtype)).sum(-1)
+    return torch.where((agree < 0)[:, None], -n, n)
 
 
 def ridge_solve(

@@ -328,11 +328,14 @@ def splat_sums_numba(
 ) -> torch.Tensor:
     """[N, C] float32: ``sum_p w_gp targets[p]`` with the compositing weights of the forward
     raster (``_kernels_lanes.raster_sums``; no gradient)."""
-    n = means2d.shape[0]
-    bins = _bins_and_rows(
-        means2d, conics, np.zeros((n, 3), np.float32), opacities, depths, extents, width, height
-    )
-    return torch.from_numpy(_gaussian_sums(*bins, width, height, _np32(targets), n))
+    bins = _uncoloured_bins(means2d, conics, opacities, depths, extents, width, height)
+    return torch.from_numpy(_gaussian_sums(*bins, width, height, _np32(targets), means2d.shape[0]))
+
+
+def _uncoloured_bins(means2d, conics, opacities, depths, extents, width: int, height: int):
+    """``_bins_and_rows`` for the passes that read weights only (the colours zero)."""
+    zeros = np.zeros((means2d.shape[0], 3), np.float32)
+    return _bins_and_rows(means2d, conics, zeros, opacities, depths, extents, width, height)
 
 
 def rasterize_and_weights_numba(
@@ -376,9 +379,8 @@ def splat_entries_numba(
     """The forward raster's non-zero compositing weights as (pixel y * width + x, Gaussian,
     weight) [E] each, each pixel's front to back (``_kernels_lanes.raster_weights``); None
     when there are more than ``limit``."""
-    n = means2d.shape[0]
-    offsets, ids, hit, tiles_x, rows = _bins_and_rows(
-        means2d, conics, np.zeros((n, 3), np.float32), opacities, depths, extents, width, height
+    offsets, ids, hit, tiles_x, rows = _uncoloured_bins(
+        means2d, conics, opacities, depths, extents, width, height
     )
     pix, m, w, total = _kernels_lanes.raster_weights(
         rows, ids, offsets, width, height, project.TILE, tiles_x, raster_thresholds(),
