@@ -496,11 +496,21 @@ _S_NQ = 2
 
 
 @njit(cache=True, inline="always")
-def _sum_run(
-    st, j, xs, r, tt, acc, wl, nc, mx, dy, cdy, ca, cb, op, amax, amin, tmin
-):  # pragma: no cover
-    """One Gaussian over one run of LANES pixels, front to back with the forward's rules:
-    its weights w = alpha T times the pixels' targets, added to ``acc`` [nc * LANES]."""
+def _start_weight_rows(st, x_lo, x_hi, nh, n_runs, live_rows):  # pragma: no cover - compiled
+    """Every pixel of a tile's ``nh`` rows transparent (T = 1) and live if inside the image."""
+    for iy in range(nh):
+        for r in range(n_runs):
+            j = iy * n_runs + r
+            for ln in range(LANES):
+                st[j, _S_T * LANES + ln] = _ONE
+                st[j, _S_LIVE * LANES + ln] = _ONE if x_lo + r * LANES + ln < x_hi else _ZERO
+        live_rows[iy] = 1
+
+
+@njit(cache=True, inline="always")
+def _weights_run(st, j, xs, r, wl, mx, dy, cdy, ca, cb, op, amax, amin, tmin):  # pragma: no cover
+    """One Gaussian over one run of LANES pixels, front to back with the forward's rules: its
+    weights w = alpha T into ``wl`` [LANES], the run's transmittance and live flags updated."""
     row = st[j]
     xr = xs[r]
     for ln in range(LANES):
@@ -511,6 +521,15 @@ def _sum_run(
         wl[ln] = w
         row[_S_T * LANES + ln] = t
         row[_S_LIVE * LANES + ln] = live
+
+
+@njit(cache=True, inline="always")
+def _sum_run(
+    st, j, xs, r, tt, acc, wl, nc, mx, dy, cdy, ca, cb, op, amax, amin, tmin
+):  # pragma: no cover
+    """One Gaussian over one run of LANES pixels, front to back with the forward's rules:
+    its weights w = alpha T times the pixels' targets, added to ``acc`` [nc * LANES]."""
+    _weights_run(st, j, xs, r, wl, mx, dy, cdy, ca, cb, op, amax, amin, tmin)
     trow = tt[j]
     for c in range(nc):
         for ln in range(LANES):
@@ -527,17 +546,14 @@ def _sum_tile(
     nc = targets.shape[2]
     nh = y_hi - y_lo
     _pixel_centres(xs, x_lo, n_runs)
+    _start_weight_rows(st, x_lo, x_hi, nh, n_runs, live_rows)
     for iy in range(nh):
         for r in range(n_runs):
             j = iy * n_runs + r
             for ln in range(LANES):
                 px = x_lo + r * LANES + ln
-                inside = px < x_hi
-                st[j, _S_T * LANES + ln] = _ONE
-                st[j, _S_LIVE * LANES + ln] = _ONE if inside else _ZERO
                 for c in range(nc):
-                    tt[j, c * LANES + ln] = targets[y_lo + iy, px, c] if inside else _ZERO
-        live_rows[iy] = 1
+                    tt[j, c * LANES + ln] = targets[y_lo + iy, px, c] if px < x_hi else _ZERO
     for k in range(nc * LANES):
         acc[k] = _ZERO
     n_live = nh
@@ -613,13 +629,7 @@ def _weights_tile(
     amax, amin, tmin = thr[0], thr[1], thr[2]
     nh = y_hi - y_lo
     _pixel_centres(xs, x_lo, n_runs)
-    for iy in range(nh):
-        for r in range(n_runs):
-            j = iy * n_runs + r
-            for ln in range(LANES):
-                st[j, _S_T * LANES + ln] = _ONE
-                st[j, _S_LIVE * LANES + ln] = _ONE if x_lo + r * LANES + ln < x_hi else _ZERO
-        live_rows[iy] = 1
+    _start_weight_rows(st, x_lo, x_hi, nh, n_runs, live_rows)
     n_live = nh
     count = 0
     for m in range(start, end):
@@ -638,17 +648,9 @@ def _weights_tile(
             dy = my - (_F(py) + _HALF)
             cdy = cc * dy * dy
             for r in range(r0, r1):
-                j = iy * n_runs + r
-                row = st[j]
-                xr = xs[r]
-                for ln in range(LANES):
-                    w, t, live, _ = _composite(
-                        ca, cb, mx - xr[ln], dy, cdy, op, row[_S_T * LANES + ln],
-                        row[_S_LIVE * LANES + ln], amax, amin, tmin,
-                    )  # fmt: skip
-                    wl[ln] = w
-                    row[_S_T * LANES + ln] = t
-                    row[_S_LIVE * LANES + ln] = live
+                _weights_run(
+                    st, iy * n_runs + r, xs, r, wl, mx, dy, cdy, ca, cb, op, amax, amin, tmin
+                )
                 for ln in range(LANES):
                     if wl[ln] != _ZERO:
                         if emit:

@@ -473,7 +473,7 @@ class CompositingWeights:
         )
 
 
-# Entries above which `compositing_weights` declines (16 bytes each with the index copies):
+# Entries above which `compositing_weights` declines (20 bytes each, more with their copies):
 # a whole 512x512 view of a dense capture would hold tens of millions.
 MAX_COMPOSITING_ENTRIES = 1 << 24
 

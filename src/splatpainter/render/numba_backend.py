@@ -388,5 +388,4 @@ def splat_entries_numba(
     )  # fmt: skip
     if total > limit:
         return None
-    gauss = hit[ids[m]] if total else np.empty(0, np.int64)
-    return torch.from_numpy(pix), torch.from_numpy(gauss.astype(np.int64)), torch.from_numpy(w)
+    return torch.from_numpy(pix), torch.from_numpy(hit[ids[m]]), torch.from_numpy(w)
