@@ -35,13 +35,13 @@ def _share(mask: torch.Tensor, of: torch.Tensor) -> float:
     return int((mask & of).sum()) / n if n else float("nan")
 
 
-def _model_mix(model, method, seq) -> dict[str, list[float] | None]:
-    """Mean hypothesis mix of the model's edit on the changed Gaussians, seen and unseen."""
+def _model_mix(model, method, seq, state) -> dict[str, list[float] | None]:
+    """Mean hypothesis mix of the model's edit on the changed Gaussians, seen and unseen
+    (`state`: the session's before the edit, Stage I's latent included)."""
     from splatpainter.edit.methods import build_edit_sample
     from splatpainter.eval.suite import UNSEEN_WEIGHT
 
     step = seq.steps[0]
-    state = method.initial_state(seq.source)
     with torch.no_grad():
         sample = build_edit_sample(
             seq.source, step.views, state["latent"], hint=method.kind,
@@ -74,9 +74,10 @@ def run(suite: str, kind: str, seeds, methods: list[str], weights) -> dict[str, 
             before = sh_dc_to_rgb(seq.source.sh[:, 0, :], clamp=False)
             changed = step.changed
             for name in methods:
-                method = by_name[name]
-                method.kind = "auto"  # as users run it
-                out = EditSession(seq.source, method).apply(step.views)
+                method = by_name[name]  # built with kind "auto", as users run it
+                session = EditSession(seq.source, method)
+                before_edit = session.state
+                out = session.apply(step.views)
                 after = sh_dc_to_rgb(out.sh[:, 0, :], clamp=False)
                 moved = (after - before).abs().amax(-1) > MOVED
                 exact = (after - step.colors).abs().amax(-1) <= EXACT
@@ -89,7 +90,7 @@ def run(suite: str, kind: str, seeds, methods: list[str], weights) -> dict[str, 
                     "strays": _share(moved, ~changed),
                 }
                 if isinstance(method, ModelMethod):
-                    row |= _model_mix(model, method, seq)
+                    row |= _model_mix(model, method, seq, before_edit)
                 rows.append(row)
                 bar.advance(task)
     summary = {
