@@ -156,6 +156,6 @@ def test_cli_choices_match_the_library():
 
     assert [k.value for k in EditKind] == list(EDIT_HINTS)
     # evaluate also names its ablations and the no-learning rules, which `edit` does not offer
-    eval_only = {*ABLATIONS, "rule", "diffusion"}
+    eval_only = {*ABLATIONS, "rule", "diffusion", "diffusion_centred"}
     assert {m.value for m in EditMethod} == set(METHODS) - eval_only
     assert [h.value for h in EvalHint] == list(HINT_MODES)

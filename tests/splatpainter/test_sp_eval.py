@@ -210,12 +210,12 @@ def test_forgetting_of_oracle_and_of_a_method_that_forgets():
     assert f["psnr_after_first"] == PSNR_CAP_DB and f["drop"] > 50
 
 
-def _tiny_model() -> EditorModel:
+def _tiny_model(**stage2) -> EditorModel:
     config = EditorConfig(
         stage1=Stage1Config(
             grid_size=8, dim=32, latent_dim=64, num_layers=1, num_views=2, view_size=32
         ),
-        stage2=Stage2Config(dim=64, num_blocks=1, head_hidden=32),
+        stage2=Stage2Config(dim=64, num_blocks=1, head_hidden=32, **stage2),
     )
     return EditorModel.initial(config)
 
@@ -234,6 +234,23 @@ def test_model_gets_the_kind_hint(mode, hint):
     init = methods["model_init"].model
     assert init.weights_fingerprint() == EditorModel.initial(model.config).weights_fingerprint()
     assert scores["model"]["seconds_per_edit"] > 0
+
+
+def test_the_rules_keep_the_plain_solve_and_diffusion_centred_takes_the_centred_one():
+    """Whatever the loaded model reads (the shipped one centres a recolour's seen Gaussians),
+    rule and diffusion keep the plain solve and diffusion_centred the centred one, the same
+    diffusion otherwise."""
+    import dataclasses
+
+    cfg = _tiny_config(methods=("rule", "diffusion", "diffusion_centred"))
+    for map_solves in (False, True):
+        model = _tiny_model(solve_iters=3, fit_maps=True, map_solves=map_solves)
+        m = build_methods(cfg, model)
+        assert not m["rule"].settings.map_solves and not m["diffusion"].settings.map_solves
+        centred = m["diffusion_centred"]
+        assert centred.settings.map_solves and centred.settings.fit_maps
+        assert dataclasses.replace(centred.settings, map_solves=False) == m["diffusion"].settings
+        assert type(centred) is type(m["diffusion"])
 
 
 def test_run_suite_has_a_section_per_suite_and_lists_the_ablations():
@@ -360,7 +377,7 @@ def test_evaluate_json_lists_every_suite_baseline_and_ablation(tmp_path):
     report = json.loads(r.stdout)
     check_schema(report, list(DEFAULT_METHODS), ["recolor"], forgetting=False, suites=SUITES)
     assert report["ablations"] == ["model_kind", "model_init"]
-    assert report["baselines"] == ["backproject", "rule", "diffusion"]
+    assert report["baselines"] == ["backproject", "rule", "diffusion", "diffusion_centred"]
     assert report["roles"]["model"] == "method"
     assert report["model"]["init_fingerprint"] is not None
     _check_eval_table(report)
@@ -379,7 +396,9 @@ def _check_eval_table(report):
     table = mod.merge([report])
     for suite in SUITES:
         cell = table[(suite, "recolor")]
-        for method in ("model", "rule", "diffusion", "backproject", "model_kind", "model_init"):
+        methods = ("model", "rule", "diffusion", "diffusion_centred", "backproject", "model_kind",
+                   "model_init")  # fmt: skip
+        for method in methods:
             key = (suite, "recolor", method)
             rows = [r["psnr_changed"] for r in report["per_seed"]
                     if (r["suite"], r["kind"], r["method"]) == key]  # fmt: skip

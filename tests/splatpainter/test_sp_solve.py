@@ -1,5 +1,7 @@
 """The least-squares colour change of the touched Gaussians (edit/solve.py) and its use."""
 
+import dataclasses
+
 import torch
 
 from splatpainter.assets.procedural import make_demo_asset
@@ -103,16 +105,16 @@ def test_training_examples_carry_the_solve_and_key_the_cache_on_it():
     assert all(step["signals"]["solved"] is not None for step in ex["steps"])
     keys = {
         cache_key(SMALL, s1, 32, SignalSettings(*s))
-        for s in [(0, 0.0), (2, 0.0), (2, 0.01), (2, 0.01, True)]
+        for s in [(0, 0.0), (2, 0.0), (2, 0.01), (2, 0.01, True), (2, 0.01, True, True)]
     }
-    assert len(keys) == 4
+    assert len(keys) == 5
 
 
 def test_cached_colour_maps_reach_a_step_only_where_its_hint_would_fit_them():
     from splatpainter.train.examples import example_sample
 
     s1 = Stage1Config(grid_size=8, num_views=2, view_size=32)
-    ex = build_example(100_000, SMALL, s1, 32, SignalSettings(2, 0.0, True))
+    ex = build_example(100_000, SMALL, s1, 32, SignalSettings(2, 0.0, True, True))
     step = ex["steps"][0]
     assert step["signals"]["affine"].shape == (4, 3) and len(step["signals"]["shading"]) == 3
     for hint, has_affine, has_shading in [
@@ -123,6 +125,9 @@ def test_cached_colour_maps_reach_a_step_only_where_its_hint_would_fit_them():
     ]:
         sig = example_sample(step, None, hint).signals
         assert (sig.affine is not None, sig.shading is not None) == (has_affine, has_shading)
+        # the solves centred on a map come and go with it
+        centred = (sig.solved_affine is not None, sig.solved_shading is not None)
+        assert centred == (has_affine, has_shading)
 
 
 def test_local_kinds_move_only_gaussians_a_masked_pixel_shows():
@@ -258,3 +263,122 @@ def test_an_hsv_adjustment_is_recognised_and_recovered():
     got = recolor(colors, sig.affine, sig.hsv)
     want = adjust_hsv_colors(colors, 120.0, 1.3, 0.8)
     assert float((got - want).abs().max()) < 0.02
+
+
+def _affine_part_edit(size: int):
+    """The torus recoloured by an affine map (the map the affine fit can find exactly), seen
+    in one view of `size` pixels."""
+    demo = make_demo_asset(2500, seed=3)
+    asset = demo.asset
+    colors = base_colors(asset)
+    part = demo.primitive_id == 2
+    m = torch.tensor([[0.5, 0.3, 0.1], [0.1, 0.4, 0.3], [0.2, 0.1, 0.5], [0.1, 0.05, 0.2]])
+    target = colors.clone()
+    target[part] = torch.cat([colors[part], torch.ones_like(colors[part, :1])], -1) @ m
+    cam = view_camera(asset, 30.0, 30.0, size)
+    edited = render(with_colors(asset, target), cam).rgb.clamp(0, 1)
+    return asset, EditView(cam, edited), target - colors, part
+
+
+def test_a_solve_centred_on_the_zero_change_is_the_plain_solve_bit_for_bit():
+    from splatpainter.edit.signals import solve_from_evidence
+
+    asset, view, _, _ = _affine_part_edit(32)
+    sig, evidence = gather_signals(asset, [view], solve_iters=6)
+    touched = sig.in_mask_weight > 0
+    plain = solve_from_evidence(asset, evidence, touched, iters=6, prior_px=0.0)
+    zero, other = solve_from_evidence(
+        asset, evidence, touched, iters=6, prior_px=0.0,
+        centers=(torch.zeros_like(plain), torch.full_like(plain, 0.3)),
+    )  # fmt: skip
+    assert torch.equal(zero, plain) and torch.equal(plain, sig.solved)
+    assert not torch.equal(other, plain) and torch.all(other[~touched] == 0)
+
+
+def test_a_solve_centred_on_the_map_keeps_it_where_a_small_view_says_little():
+    """At 32 pixels the torus is seen through few pixels: the least-squares change drifts far
+    from the truth (overlapping Gaussians share a pixel's change arbitrarily), the solve
+    centred on the fitted map stays near it, and still reproduces the view."""
+    asset, view, truth, part = _affine_part_edit(32)
+    sig, _ = gather_signals(asset, [view], solve_iters=6, fit_maps=("affine",), map_solves=True)
+    assert sig.solved_shading is None  # not fitted, not solved
+    seen = (sig.in_mask_weight > 0) & part
+    plain = (sig.solved - truth)[seen].abs().amax(-1).median()
+    centred = (sig.solved_affine - truth)[seen].abs().amax(-1).median()
+    assert centred < 0.02 and centred < plain / 1.5, (centred, plain)
+    assert torch.all(sig.solved_affine[sig.in_mask_weight == 0] == 0)
+    assert _view_psnr(asset, view, sig.solved_affine) > 50.0  # the view is still reproduced
+    new = base_colors(asset) + sig.solved_affine
+    assert float(new.min()) >= -1e-6 and float(new.max()) <= 1 + 1e-6
+
+
+def test_the_seen_gaussians_take_the_centred_solve_and_the_others_keep_theirs():
+    from splatpainter.model.hypotheses import with_seen_solve
+
+    delta = torch.rand(5, 3)
+    weight = torch.tensor([0.0, 1.0, 0.5, 0.0, 2.0])
+    solved = torch.full((5, 3), 7.0)
+    out = with_seen_solve(delta, weight, solved)
+    seen = weight > 0
+    assert torch.equal(out[seen], solved[seen]) and torch.equal(out[~seen], delta[~seen])
+    assert with_seen_solve(delta, weight, None) is delta
+
+
+def _centred_editor_pair(**s2):
+    """One recolour edit and two editors with the same weights: one that centres a recolour
+    it reads as one (every share qualifies), one that never does."""
+    asset, view, _, _ = _affine_part_edit(32)
+    settings = SignalSettings(solve_iters=3, fit_maps=True, map_solves=True)
+    kw = dict(solve_iters=3, fit_maps=True, map_solves=True, centre_share=0.0, **s2)
+    torch.manual_seed(0)
+    centring = EditorModel.initial(small_config(centre_map_fit=1e9, **kw))
+    torch.manual_seed(0)
+    plain = EditorModel.initial(small_config(centre_map_fit=0.0, **kw))
+    with torch.no_grad():
+        latent = centring.encode_asset(asset)
+    sample = build_edit_sample(asset, [view], latent, settings=settings)
+    return sample, centring, plain
+
+
+@torch.no_grad()
+def test_a_recolour_read_as_one_runs_the_head_again_centred_on_its_map():
+    """The second pass changes only what the seen Gaussians take as their own change: the
+    gate, the mix and every unseen Gaussian are the first pass's, bit for bit."""
+    sample, centring, plain = _centred_editor_pair()
+    sig = sample.signals
+    assert sig.solved_affine is not None
+    for m in (centring, plain):
+        m.stage2.eval()
+    inp = centring.stage2._gaussian_inputs(sample)
+    first = plain.stage2([sample], plain.stage2.init_state())[0][0]
+    again = centring.stage2._second_pass(sample, first["gate"], first["mix"], inp.stats)
+    assert again is not None and again.centred and again.reach_steps is None
+    assert plain.stage2._second_pass(sample, first["gate"], first["mix"], inp.stats) is None
+    out = centring.stage2([sample], centring.stage2.init_state())[0][0]
+    seen = sig.in_mask_weight > 0
+    assert torch.equal(out["gate"], first["gate"]) and torch.equal(out["mix"], first["mix"])
+    assert torch.equal(out["rgb"][~seen], first["rgb"][~seen])
+    assert not torch.equal(out["rgb"][seen], first["rgb"][seen])
+    centred = inp.centred(sig)
+    assert torch.equal(centred.cand[seen, 0], sig.solved_affine[seen])
+    assert torch.equal(centred.cand[~seen], inp.cand[~seen])
+    assert torch.equal(centred.cand[:, 1:], inp.cand[:, 1:])
+    assert torch.equal(centred.per_gauss, inp.per_gauss)  # the features stay the first pass's
+
+
+@torch.no_grad()
+def test_chunked_and_paint_edits_agree_with_the_centring_forward():
+    from splatpainter.model.restricted import chunked_forward
+
+    sample, centring, _ = _centred_editor_pair()
+    centring.stage2.eval()
+    full = centring.stage2([sample], centring.stage2.init_state())[0][0]
+    chunked, _ = chunked_forward(centring.stage2, sample, centring.stage2.init_state(), 700)
+    for k in ("rgb", "rest_map", "gate"):
+        assert torch.allclose(chunked[k], full[k], atol=1e-6), k
+    paint = dataclasses.replace(sample, hint="paint")  # a local edit is never centred
+    g = torch.ones(sample.colors.shape[0])
+    mix = torch.zeros(g.numel(), 3)
+    mix[:, 1] = 1.0
+    stats = centring.stage2._gaussian_inputs(sample).stats
+    assert centring.stage2._second_pass(paint, g, mix, stats) is None

@@ -364,9 +364,12 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
         "commit",
         "normals",
         "reach",
+        "centred",
     ]
     assert cfg.phases[-1].config.optim.steps == 0  # phase 8's weights, walking further
+    assert cfg.phases[-2].config.optim.steps == 0  # and centred on the recolour's map
     assert cfg.phases[-1].config.model.stage2.prop_reach_steps == 96
+    assert cfg.phases[-1].config.model.stage2.map_solves
     assert cfg.phases[-1].config.loss.unseen_gate_bce > 0
     assert cfg.phases[-1].config.model.stage1.normal_views == 16
     assert cfg.phases[-1].config.model.stage2.commit > 0

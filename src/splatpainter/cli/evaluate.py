@@ -45,9 +45,10 @@ def evaluate(
         "0-7", metavar="SEEDS", help="evaluation seeds: A-B, A or a comma list (< 100000)"
     ),
     methods: str = typer.Option(
-        "model,backproject,rule,diffusion,model_kind,model_init",
+        "model,backproject,rule,diffusion,diffusion_centred,model_kind,model_init",
         metavar="LIST",
-        help="comma list of model, backproject, optimize (slow), rule, diffusion, and the "
+        help="comma list of model, backproject, optimize (slow), rule, diffusion, "
+        "diffusion_centred (the seen Gaussians on the solve centred on the map), and the "
         "ablations model_kind (told the true kind), model_init (no learned weights)",
     ),
     kinds: str = typer.Option(

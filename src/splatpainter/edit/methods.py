@@ -98,6 +98,7 @@ def build_edit_sample(
         solve_prior_px=settings.solve_prior_px,
         normals=latent.normals,
         fit_maps=fit_maps,
+        map_solves=settings.map_solves,
     )
     vox = latent.vox
     pix = []

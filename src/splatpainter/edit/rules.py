@@ -40,7 +40,8 @@ from splatpainter.model.stage1 import Stage1Config
 from splatpainter.model.stage2 import EDIT_HINTS, LOCAL_HINTS, SignalSettings, hint_maps
 
 # What the rules use when no model says otherwise: a short least-squares solve with a light
-# prior, and both colour maps fitted to the views' pixels.
+# prior, and both colour maps fitted to the views' pixels (map_solves: the seen Gaussians of a
+# recolour or relight on the solve centred on the map, evaluate's diffusion_centred).
 DEFAULT_SETTINGS = SignalSettings(solve_iters=6, solve_prior_px=0.01, fit_maps=True)
 BIN_SHARE = 0.5  # a colour bin spreads a recolour when more than this share of it changed
 # A Gaussian is clearly seen with this much in-mask compositing weight, in pixels of a 128x128
@@ -65,6 +66,10 @@ class EditFit:
     changed: torch.Tensor  # [N] bool: seen and their solved change is not negligible
     cand_affine: torch.Tensor  # [N, 3] the affine recolour's delta on every Gaussian
     cand_shade: torch.Tensor  # [N, 3] the shading's delta on every Gaussian
+    # [N, 3] each map's delta as applied: on the seen Gaussians the solve centred on the map
+    # (`hypotheses.with_seen_solve`), elsewhere the map's
+    apply_affine: torch.Tensor
+    apply_shade: torch.Tensor
     linear: torch.Tensor  # [3, 3] the affine map's linear part on a colour column vector
     rest_linear: torch.Tensor  # [3, 3] or [N, 3, 3] the recolour's SH-band maps (see fit_edit)
     shade: torch.Tensor  # [N] the shading factor
@@ -104,6 +109,7 @@ def fit_edit(
         fit_shading,
         recolor_band_maps,
         shading_factor,
+        with_seen_solve,
     )
 
     need_shading = kind in ("auto", "relight")
@@ -117,6 +123,7 @@ def fit_edit(
         solve_prior_px=settings.solve_prior_px,
         normals=normals,
         fit_maps=maps,
+        map_solves=settings.map_solves,
     )
     if float((s.in_mask_weight * s.abs_residual).sum()) == 0.0:
         return None
@@ -155,6 +162,8 @@ def fit_edit(
         changed=changed,
         cand_affine=cand[:, 1],
         cand_shade=cand[:, 2],
+        apply_affine=with_seen_solve(cand[:, 1], s.in_mask_weight, s.solved_affine),
+        apply_shade=with_seen_solve(cand[:, 2], s.in_mask_weight, s.solved_shading),
         linear=aff[:3].T.contiguous(),
         rest_linear=recolor_band_maps(colors, aff, s.hsv, seen_delta, w).contiguous(),
         shade=shade,
@@ -208,9 +217,9 @@ def apply_fit(asset, fit: EditFit, reach: torch.Tensor):
     eye = _identity_maps(n, fit.seen_delta)
     zero = torch.zeros_like(fit.seen_delta)
     if fit.kind == "relight":
-        cand, rest = fit.cand_shade, fit.shade[:, None, None] * eye
+        cand, rest = fit.apply_shade, fit.shade[:, None, None] * eye
     elif fit.kind == "recolor":
-        cand, rest = fit.cand_affine, fit.rest_linear.expand(n, 3, 3)
+        cand, rest = fit.apply_affine, fit.rest_linear.expand(n, 3, 3)
     else:
         reach = torch.zeros_like(reach)
         cand, rest = zero, eye

@@ -88,10 +88,17 @@ class ViewEvidence:
 
 
 def solve_from_evidence(
-    asset, evidence: list[ViewEvidence], touched: torch.Tensor, *, iters: int, prior_px: float
-) -> torch.Tensor:
+    asset,
+    evidence: list[ViewEvidence],
+    touched: torch.Tensor,
+    *,
+    iters: int,
+    prior_px: float,
+    centers: tuple[torch.Tensor, ...] | None = None,
+) -> torch.Tensor | list[torch.Tensor]:
     """The least-squares colour change [N, 3] of the `touched` Gaussians (edit/solve.py) that
-    reproduces what the views ask for, each colour kept in [0, 1]."""
+    reproduces what the views ask for, each colour kept in [0, 1] (a list of them, one per
+    centre, when centres are given: see `solve_color_delta`)."""
     from splatpainter.assets.gaussians import sh_dc_to_rgb
     from splatpainter.edit.solve import solve_color_delta
 
@@ -104,6 +111,7 @@ def solve_from_evidence(
         contributing=[ev.contributing for ev in evidence],
         iters=iters,
         prior_px=prior_px,
+        centers=centers,
     )
 
 
@@ -116,12 +124,14 @@ def gather_signals(
     solve_prior_px: float = 0.0,
     normals: torch.Tensor | None = None,
     fit_maps: tuple[str, ...] = (),
+    map_solves: bool = False,
 ) -> tuple[GaussianSignals, list[ViewEvidence]]:
     """Render every view once and accumulate per-Gaussian signals (no gradient leaves here).
 
     solve_iters > 0 also solves for the least-squares colour change of the touched Gaussians
     (`GaussianSignals.solved`, see edit/solve.py) and fits the `fit_maps` ("affine", "shading":
-    the latter needs the Gaussians' normals) to the views' pixels.
+    the latter needs the Gaussians' normals) to the views' pixels; map_solves then solves again
+    centred on each fitted map's prediction (`solved_affine`, `solved_shading`).
     """
     from splatpainter.render import splat_sums
 
@@ -183,6 +193,11 @@ def gather_signals(
                 shading_init=init,
                 maps=fit_maps,
             )
+    solved_affine = solved_shading = None
+    if map_solves and (affine is not None or shading is not None):
+        solved_affine, solved_shading = _map_solves(
+            a, evidence, has, solve_iters, solve_prior_px, normals, affine, shading, hsv
+        )
     safe = torch.where(has, wm, torch.ones_like(wm))
     signals = GaussianSignals(
         residual=torch.where(has[:, None], wr / safe[:, None], torch.zeros_like(wr)),
@@ -194,5 +209,34 @@ def gather_signals(
         affine=affine,
         shading=shading,
         hsv=hsv,
+        solved_affine=solved_affine,
+        solved_shading=solved_shading,
     )
     return signals, evidence
+
+
+def _map_solves(asset, evidence, touched, iters, prior_px, normals, affine, shading, hsv):
+    """(solved_affine, solved_shading) [N, 3] or None for a map not fitted: the touched
+    Gaussians' least-squares change started at and pulled toward each map's prediction."""
+    from splatpainter.assets.gaussians import sh_dc_to_rgb
+    from splatpainter.model.hypotheses import map_candidates
+
+    colors = sh_dc_to_rgb(asset.sh[:, 0, :], clamp=False)
+    if normals is None:
+        normals = torch.zeros_like(colors)
+    identity = colors.new_tensor([[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0]])
+    flat = (colors.new_tensor(1.0), colors.new_tensor(0.0), colors.new_tensor([0.0, 0.0, 1.0]))
+    cand = map_candidates(
+        colors,
+        identity if affine is None else affine.to(colors),
+        hsv,
+        flat if shading is None else shading,
+        normals.to(colors),
+    )
+    fitted = [m is not None for m in (affine, shading)]
+    centers = tuple(c.clamp(-1, 1) for c, f in zip(cand, fitted, strict=True) if f)
+    solved = solve_from_evidence(
+        asset, evidence, touched, iters=iters, prior_px=prior_px, centers=centers
+    )
+    out = iter(solved)
+    return tuple(next(out) if f else None for f in fitted)

@@ -22,6 +22,9 @@ where they are too many to hold (or the backend does not give them) a step is a 
 its colour backward.
 The first step is the weighted mean residual scaled by the Gaussian's share of its pixels; later
 ones correct overlaps and edges.
+A solve may instead be centred on a prediction c (a colour map's change): it starts at c, and the
+damping and the prior act on d - c, so where the views leave the change undetermined (a part
+seen through a few pixels) it keeps the prediction instead of shrinking toward no change.
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ def solve_color_delta(
     damping: float = SOLVE_DAMPING,
     prior_px: float = 0.0,
     window_only: bool = True,
-) -> torch.Tensor:
+    centers: tuple[torch.Tensor, ...] | None = None,
+) -> torch.Tensor | list[torch.Tensor]:
     """Per-Gaussian colour delta [N, 3] (zero outside `touched` [N] bool).
 
     targets[v] [H, W, 3]: the wanted change of view v's render (m (edited - render)); colors
@@ -79,6 +83,11 @@ def solve_color_delta(
     of a 128x128 view (scaled with the views' area).  window_only: the steps render only the
     Gaussians with weight in the window (the same numbers; False renders all of a view's
     contributing Gaussians, the way to check that).
+    centers: instead, a list of solves sharing the views' set-up, each started at and pulled
+    (by the damping and the prior) toward its centre [N, 3] instead of toward no change.  Where
+    the views leave a change undetermined (a part seen through a few pixels, Gaussians that
+    overlap), the solve keeps its centre there: centred on a colour map's prediction it is the
+    map, corrected where the views say otherwise.
     """
     from splatpainter.render import ColorRender
 
@@ -86,7 +95,7 @@ def solve_color_delta(
     n = a.num_gaussians
     delta = colors.new_zeros(n, 3)
     if iters <= 0 or not bool(touched.any()):
-        return delta
+        return delta if centers is None else [delta.clone() for _ in centers]
     sel = touched[:, None].to(colors.dtype)
     # The steps run on the touched Gaussians alone (T rows, not N): every other one stays 0.
     rows = touched.nonzero().squeeze(1)
@@ -148,19 +157,25 @@ def solve_color_delta(
         mu = prior_px * area / (128 * 128)
         ok = diag > 1e-12
         inv = torch.where(ok, 1.0 / ((1.0 + damping) * diag.clamp_min(1e-12) + mu), 0.0)
-        x = colors.new_zeros(rows.numel(), 3)
-        y = x
-        t = 1.0
-        for _ in range(iters):
-            g = (damping * diag + mu) * y
-            for step in views:
-                g += step(y)
-            x_new = torch.minimum(torch.maximum(y - inv * g, lo), hi)
-            t_new = 0.5 * (1.0 + (1.0 + 4.0 * t * t) ** 0.5)
-            y = x_new + ((t - 1.0) / t_new) * (x_new - x)
-            x, t = x_new, t_new
-        delta[rows] = torch.where(ok, x, 0.0)
-        return delta
+        out = []
+        for center in (None,) if centers is None else centers:
+            c = colors.new_zeros(rows.numel(), 3)
+            if center is not None:
+                c = torch.minimum(torch.maximum(center[rows].to(c), lo), hi)
+            x = y = c
+            t = 1.0
+            for _ in range(iters):
+                g = (damping * diag + mu) * (y - c)
+                for step in views:
+                    g += step(y)
+                x_new = torch.minimum(torch.maximum(y - inv * g, lo), hi)
+                t_new = 0.5 * (1.0 + (1.0 + 4.0 * t * t) ** 0.5)
+                y = x_new + ((t - 1.0) / t_new) * (x_new - x)
+                x, t = x_new, t_new
+            d = delta.clone()
+            d[rows] = torch.where(ok, x, 0.0)
+            out.append(d)
+        return out[0] if centers is None else out
 
 
 # Compositing weights one view's steps may hold (`render.compositing_weights`): with their

@@ -365,14 +365,9 @@ def edit_hypotheses(
     fitting them to seen_delta here; hsv: an HSV recolour fitted there, used in the affine's
     place (`recolor`)."""
     w = in_mask_weight * support
-    targets = colors + seen_delta
-    aff = fit_affine(colors, targets, w) if affine is None else affine.to(colors)
-    cand_aff = box_colors(recolor(colors, aff, hsv), colors) - colors
-    if shading is None:
-        shading = fit_shading(colors, targets, normals, w)
+    aff, shading = fit_hypothesis_maps(colors, seen_delta, w, normals, affine, shading)
+    cand_aff, cand_shade = map_candidates(colors, aff, hsv, shading, normals)
     d = shading[1]
-    shade = shading_factor(shading, normals)
-    cand_shade = box_colors(colors * shade[:, None], colors) - colors
     cand = torch.stack([seen_delta, cand_aff.clamp(-1, 1), cand_shade.clamp(-1, 1)], 1)
     wsum = w.sum().clamp_min(1e-6)
 
@@ -393,3 +388,30 @@ def edit_hypotheses(
     )
     bins = color_bin_stats(colors, seen_w, changed_w)
     return cand, stats, bins
+
+
+def with_seen_solve(
+    delta: torch.Tensor, in_mask_weight: torch.Tensor, solved: torch.Tensor | None
+) -> torch.Tensor:
+    """A change [N, 3] with each seen Gaussian's replaced by `solved` [N, 3] (the least-squares
+    change centred on a map, edit/solve.py `solve_color_delta` centers; None: kept): the map
+    where the views leave the change undetermined (a part seen through a few pixels), the
+    views where they say otherwise."""
+    if solved is None:
+        return delta
+    return torch.where((in_mask_weight > 0)[:, None], solved.to(delta), delta)
+
+
+def map_candidates(
+    colors: torch.Tensor,
+    affine: torch.Tensor,
+    hsv: torch.Tensor | None,
+    shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    normals: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recolour's and the relight's colour deltas [N, 3] on every Gaussian, new colours kept
+    in the colour box (an asset's colours outside it keep theirs, so a delta may exceed 1)."""
+    cand_aff = box_colors(recolor(colors, affine, hsv), colors) - colors
+    shade = shading_factor(shading, normals)
+    cand_shade = box_colors(colors * shade[:, None], colors) - colors
+    return cand_aff, cand_shade

@@ -36,7 +36,13 @@ from torch import nn
 from splatpainter.model.layers import segment_mean
 from splatpainter.model.propagate import SplatGraph
 from splatpainter.model.stage1 import Stage1Latent
-from splatpainter.model.stage2 import LOCAL_HINTS, EditSample, GaussianSignals, Stage2Editor
+from splatpainter.model.stage2 import (
+    LOCAL_HINTS,
+    EditSample,
+    GaussianInputs,
+    GaussianSignals,
+    Stage2Editor,
+)
 from splatpainter.model.ttt import FastWeights
 
 
@@ -115,6 +121,8 @@ def _signals_rows(sig: GaussianSignals, idx: torch.Tensor) -> GaussianSignals:
         in_mask_weight=sig.in_mask_weight[idx],
         weight=take(sig.weight),
         solved=take(sig.solved),
+        solved_affine=take(sig.solved_affine),
+        solved_shading=take(sig.solved_shading),
     )
 
 
@@ -153,7 +161,8 @@ def local_forward(
         raise ValueError(f"edit kind {s.hint!r} is not local; use the full forward")
     sig = s.signals
     rows = (sig.in_mask_weight > 0).nonzero().squeeze(1)
-    cand, stats, per_gauss, normals, rest = editor._gaussian_inputs(s, rest_rows=rows)
+    full = editor._gaussian_inputs(s, rest_rows=rows)
+    cand, per_gauss, normals = full.cand, full.per_gauss, full.normals
     vox = s.latent.vox
     voxel_sig = editor.voxel_sig(segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels))
     clock("stage2_inputs_all_gaussians")
@@ -172,7 +181,7 @@ def local_forward(
         z = editor._walk(sub, cand[keep], per_gauss[keep], normals[keep])
         walk = z[torch.searchsorted(keep, rows)]
         clock("stage2_walk_subgraph")
-    inputs = (cand[rows], stats, per_gauss[rows], normals[rows], rest)
+    inputs = full.rows(rows, rest_too=False)
     view = _rows_editor(editor, inputs, voxel_sig, walk)
     row_vox = dataclasses.replace(vox, gauss_voxel=vox.gauss_voxel[rows])
     latent = Stage1Latent(row_vox, s.latent.voxel_latent, s.latent.gauss_feat[rows], None, None)
@@ -203,11 +212,13 @@ def chunked_forward(
     shallow copy whose seams return the whole asset's per-Gaussian inputs, voxel signal
     tokens and walk, and whose blocks (voxel attention, TTT update) run once, for the first
     chunk: their inputs are the voxels and views, the same for every chunk.  Whether a
-    recolour walks again, further (Stage2Config.prop_reach_steps), is decided over every
-    Gaussian's gate and mix, as the full forward decides it."""
+    recolour walks again, further (Stage2Config.prop_reach_steps), or is centred on its map
+    (map_solves), is decided over every Gaussian's gate and mix, as the full forward decides
+    it."""
     clock = _Clock(timings)
     rows_per_chunk = rows_per_chunk or HEAD_ROWS
-    cand, stats, per_gauss, normals, rest = editor._gaussian_inputs(s)
+    full = editor._gaussian_inputs(s)
+    cand, per_gauss, normals = full.cand, full.per_gauss, full.normals
     vox = s.latent.vox
     voxel_sig = editor.voxel_sig(segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels))
     walker = walk = None
@@ -218,11 +229,11 @@ def chunked_forward(
     n = s.colors.shape[0]
     blocks = nn.ModuleList(_Once(b) for b in editor.blocks)
 
-    def head_chunks(walk):
+    def head_chunks(full, walk):
         outs, new_state = [], state
         for lo in range(0, n, rows_per_chunk):
             rows = torch.arange(lo, min(n, lo + rows_per_chunk), device=s.colors.device)
-            inputs = (cand[rows], stats, per_gauss[rows], normals[rows], rest[rows])
+            inputs = full.rows(rows)
             view = _rows_editor(editor, inputs, voxel_sig, None if walk is None else walk[rows])
             view._modules["blocks"] = blocks
             row_vox = dataclasses.replace(vox, gauss_voxel=vox.gauss_voxel[rows])
@@ -234,12 +245,15 @@ def chunked_forward(
             outs.append({k: out[0][k] for k in ("rgb", "rest_map", "gate", "mix")})
         return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}, new_state
 
-    out, new_state = head_chunks(walk)
+    out, new_state = head_chunks(full, walk)
     clock("stage2_head_chunks")
-    steps = editor._reach_steps(s, out["gate"], out["mix"])  # over every Gaussian, as forward
-    if steps is not None:
-        out, new_state = head_chunks(walker(steps))
-        clock("stage2_reach")
+    # over every Gaussian, as forward decides it
+    again = editor._second_pass(s, out["gate"], out["mix"], full.stats)
+    if again is not None:
+        if again.reach_steps is not None:
+            walk = walker(again.reach_steps)
+        out, new_state = head_chunks(full.centred(s.signals) if again.centred else full, walk)
+        clock("stage2_second_pass")
     return {k: out[k] for k in ("rgb", "rest_map", "gate")}, new_state
 
 
@@ -280,7 +294,7 @@ class _Fixed(nn.Module):
 
 
 def _rows_editor(
-    editor: Stage2Editor, inputs: tuple, voxel_sig: torch.Tensor, walk: torch.Tensor | None
+    editor: Stage2Editor, inputs: GaussianInputs, voxel_sig: torch.Tensor, walk: torch.Tensor | None
 ) -> Stage2Editor:
     """A shallow copy of the editor (same weights, the original untouched, so concurrent edits
     are safe) whose per-Gaussian inputs, voxel signal tokens and walk are the given ones."""
@@ -289,5 +303,5 @@ def _rows_editor(
     view._modules["voxel_sig"] = _Fixed(voxel_sig)
     view.__dict__["_gaussian_inputs"] = lambda s: inputs
     view.__dict__["_walker"] = lambda s, cand, per_gauss, normals: lambda steps=None: walk
-    view.__dict__["_reach_steps"] = lambda s, gate, mix: None  # decided over every Gaussian
+    view.__dict__["_second_pass"] = lambda s, gate, mix, stats: None  # decided over all
     return view

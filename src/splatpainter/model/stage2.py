@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,7 @@ from splatpainter.model.hypotheses import (
     hypothesis_rest_maps,
     recolor_band_maps,
     shading_factor,
+    with_seen_solve,
 )
 from splatpainter.model.layers import MLP, SelfAttention, fourier_encode, segment_mean
 from splatpainter.model.propagate import NODE_ATTRS, Propagation
@@ -115,6 +117,18 @@ class Stage2Config:
     # Fit the recolour and shading hypotheses to the edit views' pixels (with the solve; see
     # edit/solve.py `fit_color_maps`) instead of to the solved per-Gaussian change.
     fit_maps: bool = False
+    # Centred solve (inference only; off: as the weights were trained).  The signals carry the
+    # least-squares change centred on the affine recolour's prediction (with fit_maps and the
+    # solve; edit/solve.py `solve_color_delta` centers), and when the first pass reads a
+    # non-local edit as a recolour (the affine recolour carries at least `centre_share` of its
+    # edit weight, and its map explains the seen change: rmse below `centre_map_fit` of the
+    # mean residual), the seen Gaussians' own change becomes that solve and the head runs
+    # once more.  A part seen through a few pixels leaves the plain solve undetermined, and
+    # its pull toward no change drifts it off the map; the centred one keeps the map there and
+    # follows the views where they pin a Gaussian down.
+    map_solves: bool = False
+    centre_share: float = limited(0.1, ge=0, le=1)
+    centre_map_fit: float = limited(0.6, ge=0)
     # Learned propagation over the asset's k-NN graph (model/propagate.py); off: the weights
     # trained before it existed.
     propagate: bool = False
@@ -157,7 +171,7 @@ class Stage2Config:
             raise ValueError("evidence_tau must be positive")
 
     def signal_settings(self) -> SignalSettings:
-        return SignalSettings(self.solve_iters, self.solve_prior_px, self.fit_maps)
+        return SignalSettings(self.solve_iters, self.solve_prior_px, self.fit_maps, self.map_solves)
 
     def ttt_config(self) -> TTTConfig:
         return TTTConfig(
@@ -177,6 +191,7 @@ class SignalSettings:
     solve_iters: int = 0
     solve_prior_px: float = 0.0
     fit_maps: bool = False
+    map_solves: bool = False
 
 
 @dataclass
@@ -196,6 +211,11 @@ class GaussianSignals:
     # an HSV recolour (hue degrees, saturation, brightness) that explains the pixels better
     # than the affine map, used in its place (`hypotheses.recolor`); None: the affine map
     hsv: torch.Tensor | None = None
+    # [N, 3] the seen Gaussians' least-squares change centred on the recolour's / the
+    # shading's prediction (SignalSettings.map_solves: the model reads the former, a rule's
+    # recolour or relight either; edit/solve.py `solve_color_delta` centers)
+    solved_affine: torch.Tensor | None = None
+    solved_shading: torch.Tensor | None = None
 
     def total_weight(self) -> torch.Tensor:
         if self.weight is not None:
@@ -218,6 +238,29 @@ class GaussianSignals:
     def evidence(self, tau: float) -> torch.Tensor:
         """E in [0, 1]: exactly 0 when no masked pixel both lands on the asset and differs."""
         return torch.clamp((self.in_mask_weight * self.abs_residual).sum() / tau, 0.0, 1.0)
+
+
+class GaussianInputs(NamedTuple):
+    """What the head and the walk read per Gaussian of one sample (`_gaussian_inputs`)."""
+
+    cand: torch.Tensor  # [N, NUM_HYPOTHESES, 3] the candidate deltas the mix applies
+    stats: torch.Tensor  # [EDIT_STATS_DIM] the edit's statistics
+    per_gauss: torch.Tensor  # [N, F] signals, candidates and colour-bin statistics
+    normals: torch.Tensor  # [N, 3]
+    rest: torch.Tensor  # [N or rows, NUM_HYPOTHESES, 3, 3] the SH bands' maps
+
+    def rows(self, idx: torch.Tensor, rest_too: bool = True) -> GaussianInputs:
+        """These inputs at the Gaussians idx (the band maps too unless already taken there)."""
+        return GaussianInputs(
+            self.cand[idx], self.stats, self.per_gauss[idx], self.normals[idx],
+            self.rest[idx] if rest_too else self.rest,
+        )  # fmt: skip
+
+    def centred(self, sig: GaussianSignals) -> GaussianInputs:
+        """These inputs with each seen Gaussian's own change (hypothesis 0) the solve centred
+        on the affine recolour (Stage2Config.map_solves); the features stay as they were."""
+        own = with_seen_solve(self.cand[:, 0], sig.in_mask_weight, sig.solved_affine)
+        return self._replace(cand=torch.cat([own[:, None], self.cand[:, 1:]], 1))
 
 
 @dataclass
@@ -312,9 +355,11 @@ class Stage2Editor(nn.Module):
     def init_state(self, batch: int = 1) -> list[FastWeights]:
         return [blk.ttt.init_state(batch) for blk in self.blocks]
 
-    def _gaussian_inputs(self, s: EditSample, rest_rows: torch.Tensor | None = None):
-        """(hypotheses, edit stats, per-Gaussian features, normals, SH-band maps). rest_rows:
-        the band maps of those Gaussians only (a restricted edit needs no others)."""
+    def _gaussian_inputs(
+        self, s: EditSample, rest_rows: torch.Tensor | None = None
+    ) -> GaussianInputs:
+        """The per-Gaussian inputs of one sample.  rest_rows: the band maps of those Gaussians
+        only (a restricted edit needs no others)."""
         sig = s.signals
         normals = s.latent.normals
         if normals is None:
@@ -342,7 +387,7 @@ class Stage2Editor(nn.Module):
         band = recolor_band_maps(s.colors, affine, sig.hsv, seen_delta, w, rest_rows)
         n_rest = normals if rest_rows is None else normals[rest_rows]
         rest = hypothesis_rest_maps(band, shading_factor(shading, n_rest), n_rest)
-        return cand, stats, per_gauss, normals, rest
+        return GaussianInputs(cand, stats, per_gauss, normals, rest)
 
     def _walker(self, s: EditSample, cand, per_gauss, normals) -> Callable[..., torch.Tensor]:
         """The learned propagation of one edit, prepared: walker(coarse_steps=None) gives its
@@ -376,7 +421,8 @@ class Stage2Editor(nn.Module):
         c = self.config
         inputs = [self._gaussian_inputs(s) for s in samples]
         vtok = []
-        for s, (_, stats, per_gauss, _, _) in zip(samples, inputs, strict=True):
+        for s, inp in zip(samples, inputs, strict=True):
+            stats, per_gauss = inp.stats, inp.per_gauss
             vox = s.latent.vox
             sig = segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels)
             pos = fourier_encode(vox.voxel_centers() * 2.0, c.fourier_freqs)
@@ -409,22 +455,27 @@ class Stage2Editor(nn.Module):
         x = self.norm_out(x)
         out = []
         for b, (s, inp) in enumerate(zip(samples, inputs, strict=True)):
-            cand, _, per_gauss, normals, _ = inp
+            cand, per_gauss, normals = inp.cand, inp.per_gauss, inp.normals
             walker = None
             if self.propagation is not None:
                 walker = self._walker(s, cand, per_gauss, normals)
-            d = self._head(s, x[b], inp, None if walker is None else walker())
-            steps = self._reach_steps(s, d["gate"], d["mix"])
-            if steps is not None:  # a recolour: the walk again, further (Stage2Config)
-                d = self._head(s, x[b], inp, walker(steps))
+            walk = None if walker is None else walker()
+            d = self._head(s, x[b], inp, walk)
+            again = self._second_pass(s, d["gate"], d["mix"], inp.stats)
+            if again is not None:  # a recolour: further, or centred on its map (Stage2Config)
+                if again.reach_steps is not None:
+                    walk = walker(again.reach_steps)
+                d = self._head(s, x[b], inp.centred(s.signals) if again.centred else inp, walk)
             out.append(d)
         return out, new_state
 
-    def _head(self, s: EditSample, xb: torch.Tensor, inputs, walk) -> dict[str, torch.Tensor]:
+    def _head(
+        self, s: EditSample, xb: torch.Tensor, inputs: GaussianInputs, walk
+    ) -> dict[str, torch.Tensor]:
         """The per-Gaussian head of one sample: its deltas (see `forward`) from the voxel
         tokens xb [V, dim], its per-Gaussian inputs and the walk's channels (or None)."""
         c = self.config
-        cand, stats, per_gauss, normals, rest = inputs
+        stats, per_gauss, normals = inputs.stats, inputs.per_gauss, inputs.normals
         vox = s.latent.vox
         n = s.colors.shape[0]
         hint = F.one_hot(torch.tensor(EDIT_HINTS.index(s.hint)), len(EDIT_HINTS)).to(xb)
@@ -469,25 +520,44 @@ class Stage2Editor(nn.Module):
             mix = _committed(mix, c.commit, self.training, renormalise=True)
             corr = _committed(corr, c.commit, self.training, renormalise=False)
         corr = c.correction_scale * corr
-        rgb = gate[:, None] * ((mix[..., None] * cand).sum(1) + corr)
+        rgb = gate[:, None] * ((mix[..., None] * inputs.cand).sum(1) + corr)
         # The view-dependent bands follow the chosen hypotheses' maps (identity: unchanged).
         eye = torch.eye(3, dtype=rgb.dtype, device=rgb.device)
-        mixed = (mix[..., None, None] * rest).sum(1)
+        mixed = (mix[..., None, None] * inputs.rest).sum(1)
         rest_map = eye + gate[:, None, None] * (mixed - eye)
         return {"rgb": rgb, "sh_dc": rgb / SH_C0, "rest_map": rest_map, "gate": gate,
                 "mix": mix, "evidence": evidence}  # fmt: skip
 
-    def _reach_steps(self, s: EditSample, gate: torch.Tensor, mix: torch.Tensor) -> int | None:
-        """The coarse steps of a second walk when the first pass (its gate [N] and mix
-        [N, NUM_HYPOTHESES] over every Gaussian) reads a non-local edit as a recolour
-        (Stage2Config.prop_reach_steps / prop_reach_share); None: the first pass stands."""
+    def _second_pass(
+        self, s: EditSample, gate: torch.Tensor, mix: torch.Tensor, stats: torch.Tensor
+    ) -> SecondPass | None:
+        """How the head runs again when the first pass (its gate [N] and mix
+        [N, NUM_HYPOTHESES] over every Gaussian, the edit's stats) reads a non-local edit as a
+        recolour: the walk further (Stage2Config.prop_reach_steps / prop_reach_share) and the
+        seen Gaussians centred on the map (map_solves / centre_share / centre_map_fit); None:
+        the first pass stands."""
         c = self.config
-        if c.prop_reach_steps == 0 or self.propagation is None or self.training:
-            return None
-        if s.hint in LOCAL_HINTS:  # only masked Gaussians move: nothing to reach
+        if self.training or s.hint in LOCAL_HINTS:  # only masked Gaussians move: nothing to do
             return None
         share = recolor_share(gate, mix)
-        return c.prop_reach_steps if share >= c.prop_reach_share else None
+        steps = None
+        if c.prop_reach_steps > 0 and self.propagation is not None and share >= c.prop_reach_share:
+            steps = c.prop_reach_steps
+        map_explains = float(stats[1]) < c.centre_map_fit * float(stats[3])
+        centred = (
+            c.map_solves
+            and s.signals.solved_affine is not None
+            and share >= c.centre_share
+            and map_explains
+        )
+        return None if steps is None and not centred else SecondPass(steps, centred)
+
+
+class SecondPass(NamedTuple):
+    """How the head runs again on a recolour (`Stage2Editor._second_pass`)."""
+
+    reach_steps: int | None  # the walk's coarse steps; None: the first walk
+    centred: bool  # the seen Gaussians' own change is the solve centred on the map
 
 
 def recolor_share(gate: torch.Tensor, mix: torch.Tensor) -> float:

@@ -172,8 +172,9 @@ class TrainConfig:
 # `propagate` may be switched on by a phase: it grows the editor by the propagation module,
 # whose new weights start at their initialisation (see loop.grow_state).
 PHASE_STAGE2_KEYS = (
-    "solve_iters", "solve_prior_px", "fit_maps", "propagate", "seen_prior_px", "map_prior",
-    "commit", "prop_coarse_steps", "prop_fine_steps", "prop_reach_steps", "prop_reach_share",
+    "solve_iters", "solve_prior_px", "fit_maps", "map_solves", "centre_share", "centre_map_fit",
+    "propagate", "seen_prior_px", "map_prior", "commit", "prop_coarse_steps", "prop_fine_steps",
+    "prop_reach_steps", "prop_reach_share",
 )  # fmt: skip
 PHASE_KEYS = ("name", "data", "optim", "loss", "stage2")
 

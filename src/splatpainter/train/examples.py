@@ -114,6 +114,8 @@ def build_example(
                         "affine",
                         "shading",
                         "hsv",
+                        "solved_affine",
+                        "solved_shading",
                     )
                 },
                 "loss_cameras": [c.to_dict() for c in [*loss_cams, edit_cam]],
@@ -166,6 +168,7 @@ def example_sample(step: dict[str, Any], latent, hint: str) -> EditSample:
     for name in COLOR_MAPS:
         if name not in hint_maps(hint):
             s[name] = None
+            s[f"solved_{name}"] = None  # the solve centred on it
             if name == "affine":  # the HSV recolour stands in for the affine map
                 s["hsv"] = None
     return EditSample(
@@ -186,11 +189,13 @@ def cache_key(
     graph: tuple[int, int] | None = None,
 ) -> str:
     """Examples depend on the data spec, the preprocessing settings, the loss view size and
-    the settings behind the signals (solve steps and prior, pixel-fitted colour maps)."""
+    the settings behind the signals (solve steps and prior, pixel-fitted colour maps, the
+    solves centred on them)."""
     d = {
         **({"solve_iters": settings.solve_iters} if settings.solve_iters else {}),
         **({"solve_prior_px": settings.solve_prior_px} if settings.solve_prior_px else {}),
         **({"fit_maps": True} if settings.fit_maps else {}),
+        **({"map_solves": True} if settings.map_solves else {}),
         **({"graph": list(graph)} if graph is not None else {}),
         "version": EXAMPLE_VERSION,
         "spec": asdict(spec),
