@@ -3,7 +3,8 @@
 Scene: the procedural demo asset with --gaussians Gaussians (default 20k), the shipped editor
 weights (or --weights), one edit view of --size x --size pixels (default 128): a painted square
 (--kind paint, the default), or the whole asset recoloured (--kind recolor) or relit (--kind
-relight), which with weights trained for it also fit the colour maps to the view's pixels.
+relight), which with weights trained for it also fit the colour maps to the view's pixels.  The
+editor is told the kind, or with --auto decides it, as users run it (both maps are then fitted).
 Stage I is timed cold (cache cleared) per asset; a Stage II edit is `ModelMethod.apply` end to
 end (compositing-weight signals, least-squares solve, network, write back) as in the editor:
 the frame painted on was rendered when the user was shown it, and a second stroke from a view
@@ -138,16 +139,16 @@ def at_scale(args, asset, view, tiles: int) -> None:
         cache = LatentCache(args.cache_dir or tmp, default_max_bytes() or 4 << 30)
         model = load_editor(args.weights)
         # as in a running editor, the compiled kernels are loaded: open a small asset first
-        ModelMethod(model, kind=args.kind).initial_state(asset.subset(torch.arange(2000)))
+        ModelMethod(model, kind=args.hint).initial_state(asset.subset(torch.arange(2000)))
         model.latent_cache = cache
         t0, c0 = time.perf_counter(), time.process_time()
-        state = ModelMethod(model, kind=args.kind).initial_state(asset)
+        state = ModelMethod(model, kind=args.hint).initial_state(asset)
         t_open, c_open = time.perf_counter() - t0, time.process_time() - c0
         parts = dict(model.open_timings)
         # a new session on the same asset: a new editor, the same disk cache
         model = load_editor(args.weights)
         model.latent_cache = cache
-        method = ModelMethod(model, kind=args.kind)
+        method = ModelMethod(model, kind=args.hint)
         t0 = time.perf_counter()
         state = method.initial_state(asset)
         t_cached = time.perf_counter() - t0
@@ -161,7 +162,7 @@ def at_scale(args, asset, view, tiles: int) -> None:
     stages: dict[str, float] = {}
     method.apply(asset, [view], state)  # warm-up (numba kernels, allocator)
     t0 = time.perf_counter()
-    sample = build_edit_sample(asset, [view], state["latent"], hint=args.kind, settings=settings)
+    sample = build_edit_sample(asset, [view], state["latent"], hint=args.hint, settings=settings)
     stages["signals_and_least_squares"] = time.perf_counter() - t0
     rows = None
     if can_restrict(model.stage2, sample):
@@ -223,6 +224,7 @@ def at_scale(args, asset, view, tiles: int) -> None:
         "asset": f"demo asset tiled {tiles}x",
         "edit_view": f"{args.size}x{args.size}",
         "kind": args.kind,
+        "hint": args.hint,
         "threads": args.threads,
         "open_first_s": round(t_open, 2),
         "open_first_cpu_s": round(c_open, 2),
@@ -260,9 +262,13 @@ def main() -> None:
     ap.add_argument("--optimize-steps", type=int, default=50)
     ap.add_argument("--weights", default=None, help="editor weights (default: shipped)")
     ap.add_argument("--kind", choices=("paint", "recolor", "relight", "detail"), default="paint")
+    ap.add_argument(
+        "--auto", action="store_true", help="the editor decides the kind (as users run it)"
+    )
     ap.add_argument("--tiles", type=int, default=None, help="tiles (a cube: 1, 8, 27, ...)")
     ap.add_argument("--cache-dir", default=None, help="latent cache folder (default: a temp one)")
     args = ap.parse_args()
+    args.hint = "auto" if args.auto else args.kind
 
     import torch
 
@@ -303,7 +309,7 @@ def main() -> None:
         return
     model = load_editor(args.weights)
     model.latent_cache = None  # Stage I is timed cold
-    method = ModelMethod(model, kind=args.kind)
+    method = ModelMethod(model, kind=args.hint)
 
     def stage1() -> None:
         model._cache.clear()
@@ -328,7 +334,7 @@ def main() -> None:
     lat = state["latent"]
     settings = model.stage2.config.signal_settings()
     iters = settings.solve_iters
-    sample = build_edit_sample(asset, [view], lat, hint=args.kind, settings=settings)
+    sample = build_edit_sample(asset, [view], lat, hint=args.hint, settings=settings)
 
     def net() -> None:
         with torch.no_grad():
@@ -348,6 +354,7 @@ def main() -> None:
         "weights": "trained" if model.trained else "untrained",
         "edit_view": f"{s}x{s}",
         "kind": args.kind,
+        "hint": args.hint,
         "threads": args.threads,
         "parameters": model.num_parameters(),
         "occupied_voxels": int(lat.vox.num_voxels),
