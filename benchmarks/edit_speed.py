@@ -34,7 +34,7 @@ the full (unrestricted) network are not run there: the full walk alone would nee
 1M.
 
     python benchmarks/edit_speed.py [--json] [--threads 2] [--gaussians 20000] [--size 128]
-                                    [--kind paint|recolor|relight|detail]
+                                    [--kind paint|recolor|relight|detail] [--auto]
     python benchmarks/edit_speed.py --gaussians 1021761 --size 512
 """
 
