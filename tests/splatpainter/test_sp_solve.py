@@ -265,6 +265,37 @@ def test_an_hsv_adjustment_is_recognised_and_recovered():
     assert float((got - want).abs().max()) < 0.02
 
 
+def test_the_maps_fitted_on_compositing_weights_are_the_maps_fitted_on_renders(monkeypatch):
+    """The fits' products with each view's A come from its compositing weights (one pass, a
+    sparse product each); where those are not to be had, a render each. Same maps either way:
+    an HSV recolour of an SH-3 asset (affine, HSV and shading fits), in two views."""
+    from splatpainter.edit import solve
+    from splatpainter.web.selection import adjust_hsv
+
+    asset = _sh3_asset()
+    normals = make_demo_asset(2500, seed=3).normals.float()
+    edited = adjust_hsv(asset, torch.ones(asset.num_gaussians, dtype=torch.bool), 60.0, 1.2, 0.9)
+    views = [
+        EditView(cam, render(edited, cam).rgb.clamp(0, 1))
+        for cam in (view_camera(asset, 30.0, 30.0, 48), view_camera(asset, 150.0, 10.0, 40))
+    ]
+
+    def fitted():
+        sig, _ = gather_signals(
+            asset, views, solve_iters=6, normals=normals, fit_maps=("affine", "shading")
+        )
+        return sig.affine, sig.hsv, sig.shading
+
+    by_weights = fitted()
+    monkeypatch.setattr(solve, "MATRIX_ENTRIES", -1)  # no view's weights: renders
+    by_renders = fitted()
+    assert by_weights[1] is not None and by_renders[1] is not None
+    for got, want in zip(
+        by_weights[:2] + by_weights[2], by_renders[:2] + by_renders[2], strict=True
+    ):
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got, want)
+
+
 def _affine_part_edit(size: int):
     """The torus recoloured by an affine map (the map the affine fit can find exactly), seen
     in one view of `size` pixels."""

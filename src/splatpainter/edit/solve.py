@@ -29,7 +29,8 @@ seen through a few pixels) it keeps the prediction instead of shrinking toward n
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -262,11 +263,26 @@ def _normal_solve(xtx: torch.Tensor, xty: torch.Tensor, prior: torch.Tensor) -> 
     return ridge_solve(xtx, xty, prior, 1e-6 * (float(xtx.diagonal().sum()) + 1e-12))
 
 
+def _window_map(asset_v, window) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [n, C] -> A x [h, w, C] float64 for the fits' many products with one view's A: its
+    compositing weights taken once and laid out as a sparse matrix (the same weights as the
+    raster, bit for bit: `render.compositing_weights`), or a render per product where they are
+    too many to hold or the backend does not give them."""
+    from splatpainter.render import compositing_weights
+
+    weights = compositing_weights(asset_v, window, limit=MATRIX_ENTRIES)
+    if weights is None:
+        dt = asset_v.means.dtype
+        return lambda x: _render_linear(asset_v, window, x.to(dt)).to(torch.float64)
+    matrix = weights.matrix(torch.float64)
+    shape = (weights.height, weights.width)
+    return lambda x: (matrix @ x.to(torch.float64)).view(*shape, -1)
+
+
 class _FitView(NamedTuple):
     """One edit view's share of the colour-map fits: the window of its usable masked pixels."""
 
-    asset: Any  # the Gaussians that contribute to the view
-    camera: Any  # cropped to the window
+    render: Callable[[torch.Tensor], torch.Tensor]  # A x [h, w, C] float64 of x [n, C]
     idx: torch.Tensor  # [n] their rows in the asset
     before: torch.Tensor  # [h, w, 3] the render
     change: torch.Tensor  # [h, w, 3] edited - render
@@ -324,11 +340,15 @@ def fit_color_maps(
         asset_v = a.subset(idx)
         before, change = ren[crop], (ed - ren)[crop]
         views.append(
-            _FitView(asset_v, window, idx, before, change, w[crop], view_colors(asset_v, cam))
+            _FitView(
+                _window_map(asset_v, window),
+                idx,
+                before,
+                change,
+                w[crop],
+                view_colors(asset_v, cam),
+            )
         )
-
-    def render_of(asset_v, cam, per_gauss: torch.Tensor) -> torch.Tensor:
-        return _render_linear(asset_v, cam, per_gauss.to(a.means.dtype)).to(dt)
 
     affine = shading = hsv = None
     if not views:  # no usable pixel (all masked ones clipped): nothing to fit
@@ -337,15 +357,12 @@ def fit_color_maps(
         # one multi-channel render per view gives A c and A 1 (the renderer's colours may have
         # any number of channels, and the compositing is shared by all of them)
         both = [
-            render_of(
-                v.asset, v.camera, torch.cat([v.colors, torch.ones_like(v.colors[:, :1])], -1)
-            )
-            for v in views
+            v.render(torch.cat([v.colors, torch.ones_like(v.colors[:, :1])], -1)) for v in views
         ]
         base = [b[..., :3] for b in both]
         if "affine" in maps:
-            affine = _fit_affine(views, both, colors, render_of)
-            hsv = _fit_hsv(views, both, render_of)
+            affine = _fit_affine(views, both, colors)
+            hsv = _fit_hsv(views, both)
             if hsv is not None:
                 base_v = [colors.to(dt)[v.idx] for v in views]
                 lin = affine[:3]
@@ -353,7 +370,7 @@ def fit_color_maps(
                     box_colors(c @ lin + affine[3], c) + (v.colors - c) @ lin
                     for v, c in zip(views, base_v, strict=True)
                 ]
-                if _rss(views, both, render_of, affine_out) <= hsv[1]:
+                if _rss(views, both, affine_out) <= hsv[1]:
                     hsv = None
                 else:
                     hsv = hsv[0].to(colors.dtype)
@@ -361,14 +378,14 @@ def fit_color_maps(
         if "shading" in maps:
             if normals is None:
                 raise ValueError("fitting the shading needs the Gaussians' normals")
-            av_ = _fit_shading(views, base, render_of, normals.to(dt), shading_init)
+            av_ = _fit_shading(views, base, normals.to(dt), shading_init)
             d = av_[1:].norm()
             light = av_[1:] / d.clamp_min(1e-12)
             shading = tuple(x.to(colors.dtype) for x in (av_[0], d, light))
     return affine, shading, hsv  # type: ignore[return-value]
 
 
-def _fit_affine(views, both: list[torch.Tensor], colors: torch.Tensor, render_of) -> torch.Tensor:
+def _fit_affine(views, both: list[torch.Tensor], colors: torch.Tensor) -> torch.Tensor:
     """Per output channel k: features (A c_r, A c_g, A c_b, A 1) against t_k + A c_k, on the
     pixels that changed.  both[v]: [h, w, 4] renders of (c, 1).
 
@@ -399,7 +416,7 @@ def _fit_affine(views, both: list[torch.Tensor], colors: torch.Tensor, render_of
                     for k in range(3)
                 ]
                 parts.append(bound * (1 - free) * shown)
-                r = render_of(v.asset, v.camera, torch.cat(parts, -1))
+                r = v.render(torch.cat(parts, -1))
                 per_channel = [
                     (r[..., 4 * k : 4 * k + 4].reshape(-1, 4), y[:, k] - r[..., 12 + k].reshape(-1))
                     for k in range(3)
@@ -444,13 +461,13 @@ def _edited_pixels(v: _FitView, feats4: torch.Tensor) -> torch.Tensor:
     return (v.change + feats4[..., :3]).reshape(-1, 3)
 
 
-def _rss(views, both, render_of, outs: list[torch.Tensor]) -> float:
+def _rss(views, both, outs: list[torch.Tensor]) -> float:
     """Weighted squared error of the recolour fits' pixels when each view's Gaussians show
     outs[v] [n, 3] (their new view colours)."""
     total = 0.0
     for v, feats4, out in zip(views, both, outs, strict=True):
         y = _edited_pixels(v, feats4)
-        r = render_of(v.asset, v.camera, out).reshape(-1, 3)
+        r = v.render(out).reshape(-1, 3)
         total += float((_changed_weight(v) * (y - r) ** 2).sum())
     return total
 
@@ -485,7 +502,7 @@ def _hsv_start(views) -> tuple[float, float, float] | None:
     return float(hues[best]), min(max(s_gain, 0.0), 10.0), min(v_gain, 10.0)
 
 
-def _fit_hsv(views, both, render_of) -> tuple[torch.Tensor, float] | None:
+def _fit_hsv(views, both) -> tuple[torch.Tensor, float] | None:
     """An HSV adjustment (hue degrees, saturation gain, brightness gain) of the view colours
     that best reproduces the recolour fit's pixels, and its weighted squared error: Gauss-Newton
     from `_hsv_start`, the render of each parameter's finite difference giving its column."""
@@ -503,7 +520,7 @@ def _fit_hsv(views, both, render_of) -> tuple[torch.Tensor, float] | None:
         for v, feats4, hsv in zip(views, both, hsv_v, strict=True):
             trials = [p, *(p + torch.eye(3, dtype=p.dtype)[j] * steps[j] for j in range(3))]
             outs = [box_colors(adjust_hsv(hsv, *t.tolist()), v.colors) for t in trials]
-            r = render_of(v.asset, v.camera, torch.cat(outs, -1)).reshape(-1, 12)
+            r = v.render(torch.cat(outs, -1)).reshape(-1, 12)
             y = _edited_pixels(v, feats4)
             res = y - r[:, :3]
             jac = torch.stack(
@@ -523,9 +540,7 @@ def _fit_hsv(views, both, render_of) -> tuple[torch.Tensor, float] | None:
     return best
 
 
-def _fit_shading(
-    views, base, render_of, nrm: torch.Tensor, init: torch.Tensor | None
-) -> torch.Tensor:
+def _fit_shading(views, base, nrm: torch.Tensor, init: torch.Tensor | None) -> torch.Tensor:
     """(a, v) [4] by least squares on a fixed lit set, refitted until the set settles.  Pixels
     the shading cannot explain (a Gaussian whose estimated normal points the wrong way) are
     down-weighted (Cauchy IRLS), so a few percent of them cannot bend the light."""
@@ -539,9 +554,7 @@ def _fit_shading(
         for v, rc in zip(views, base, strict=True):
             lit_c = v.colors * lit[v.idx, None].to(dt)
             n_v = nrm[v.idx]
-            rs = render_of(
-                v.asset, v.camera, torch.cat([lit_c * n_v[:, x : x + 1] for x in range(3)], -1)
-            )
+            rs = v.render(torch.cat([lit_c * n_v[:, x : x + 1] for x in range(3)], -1))
             t, w = v.change, v.weight
             feats = torch.stack([rc, *rs.split(3, -1)], -1).reshape(-1, 4)
             wk = w[..., None].expand_as(rc).reshape(-1, 1)

@@ -439,29 +439,30 @@ class CompositingWeights:
         out.index_add_(0, self.gaussian, self.weight[:, None].to(image) * flat[self.pixel])
         return out
 
+    def matrix(self, dtype: torch.dtype, *, transpose: bool = False) -> torch.Tensor:
+        """A [H W, num_gaussians] (or A^T) as a sparse row-major matrix, for repeated products:
+        each is then one sparse product instead of `apply`'s gather and scatter."""
+        hw = self.height * self.width
+        rows, cols = (self.gaussian, self.pixel) if transpose else (self.pixel, self.gaussian)
+        shape = (self.num_gaussians, hw) if transpose else (hw, self.num_gaussians)
+        order = torch.argsort(rows, stable=True)
+        crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=rows.device)
+        crow[1:] = torch.cumsum(torch.bincount(rows, minlength=shape[0]), 0)
+        with warnings.catch_warnings():  # (CSR support is marked beta)
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.sparse_csr_tensor(
+                crow, cols[order], self.weight[order].to(dtype), shape, check_invariants=False
+            )
+
     def residual_step(self, target: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         """x -> A^T (A x - t) for t [H, W, C], for repeated calls (a least-squares solve's
-        steps): A and A^T are laid out once as sparse row-major matrices, so a call is two
-        sparse products instead of `apply` and `adjoint`'s gathers and scatters."""
-        e = self.pixel.numel()
-        hw = self.height * self.width
-        dtype = target.dtype
-        t = target.reshape(hw, -1)
-
-        def csr(rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-            order = torch.argsort(rows, stable=True)
-            crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=rows.device)
-            crow[1:] = torch.cumsum(torch.bincount(rows, minlength=shape[0]), 0)
-            with warnings.catch_warnings():  # (CSR support is marked beta)
-                warnings.simplefilter("ignore", UserWarning)
-                return torch.sparse_csr_tensor(
-                    crow, cols[order], self.weight[order].to(dtype), shape, check_invariants=False
-                )
-
-        if e == 0:
+        steps): two sparse products (`matrix`) instead of `apply` and `adjoint`'s gathers and
+        scatters."""
+        if self.pixel.numel() == 0:
             return lambda x: torch.zeros_like(x)
-        a = csr(self.pixel, self.gaussian, (hw, self.num_gaussians))
-        a_t = csr(self.gaussian, self.pixel, (self.num_gaussians, hw))
+        t = target.reshape(self.height * self.width, -1)
+        a = self.matrix(target.dtype)
+        a_t = self.matrix(target.dtype, transpose=True)
         return lambda x: a_t @ (a @ x - t)
 
     def remapped(self, index: torch.Tensor, size: int) -> CompositingWeights:
