@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import pytest
 import torch
 
 from splatpainter.assets.procedural import make_demo_asset
@@ -413,3 +414,24 @@ def test_chunked_and_paint_edits_agree_with_the_centring_forward():
     mix[:, 1] = 1.0
     stats = centring.stage2._gaussian_inputs(sample).stats
     assert centring.stage2._second_pass(paint, g, mix, stats) is None
+
+
+@torch.no_grad()
+def test_an_untold_hint_reads_as_auto_and_still_rules_its_hypotheses_out():
+    """Stage2Config.untold_hints: the network reads an edit hinted "relight" as it reads one
+    under "auto" (the same gate), and the hint still keeps the affine recolour out of the mix;
+    told the hint, the same weights read it otherwise."""
+    sample, model, _ = _centred_editor_pair(untold_hints=["relight"])
+    s2 = model.stage2.eval()
+    assert s2.config.untold_hints == ("relight",)
+
+    def edit(hint: str):
+        return s2([dataclasses.replace(sample, hint=hint)], s2.init_state())[0][0]
+
+    relight, auto = edit("relight"), edit("auto")
+    assert torch.equal(relight["gate"], auto["gate"])
+    assert torch.all(relight["mix"][:, 1] == 0) and bool((auto["mix"][:, 1] > 0).any())
+    s2.config.untold_hints = ()
+    assert not torch.equal(edit("relight")["gate"], auto["gate"])
+    with pytest.raises(ValueError, match="untold_hints"):
+        small_config(untold_hints=["sharpen"])

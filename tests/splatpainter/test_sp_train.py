@@ -365,9 +365,11 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
         "normals",
         "reach",
         "centred",
+        "untold",
     ]
-    assert cfg.phases[-1].config.optim.steps == 0  # phase 8's weights, walking further
-    assert cfg.phases[-2].config.optim.steps == 0  # and centred on the recolour's map
+    # phase 8's weights, walking further, centred on the recolour's map, relights untold
+    assert all(p.config.optim.steps == 0 for p in cfg.phases[-3:])
+    assert cfg.phases[-1].config.model.stage2.untold_hints == ("relight",)
     assert cfg.phases[-1].config.model.stage2.prop_reach_steps == 96
     assert cfg.phases[-1].config.model.stage2.map_solves
     assert cfg.phases[-1].config.loss.unseen_gate_bce > 0
