@@ -184,3 +184,19 @@ def test_walk_gather_without_gradients_is_the_indexing_bit_for_bit():
             torch.zeros_like(seeds).requires_grad_(), seeds, conf, nbr, aff, 30
         )
     assert torch.equal(plain, tracked.detach())
+
+
+def test_edge_affinities_written_in_place_are_the_ones_autograd_sees():
+    """Without gradients the edge MLP's input is written into one buffer, not concatenated:
+    the same numbers bit for bit as the training path's."""
+    from splatpainter.model.propagate import GEO_DIM, EdgeAffinity
+
+    torch.manual_seed(0)
+    edge = EdgeAffinity(16, 32, 8)
+    u_i = torch.randn(50, 1, 16).expand(-1, 10, -1)
+    u_j, geo = torch.randn(50, 10, 16), torch.randn(50, 10, GEO_DIM)
+    with torch.no_grad():
+        fast = edge(u_i, u_j, geo)
+    with torch.enable_grad():
+        slow = edge(u_i, u_j, geo)
+    assert slow.requires_grad and torch.equal(fast, slow.detach())

@@ -198,7 +198,16 @@ class EdgeAffinity(nn.Module):
         self.mlp = MLP(2 * embed_dim + GEO_DIM, hidden, channels)
 
     def forward(self, u_i, u_j, geo) -> torch.Tensor:
-        return torch.sigmoid(self.mlp(torch.cat([u_i * u_j, (u_i - u_j).abs(), geo], -1)))
+        if torch.is_grad_enabled():
+            x = torch.cat([u_i * u_j, (u_i - u_j).abs(), geo], -1)
+        else:  # the same numbers written in place: no temporaries (the edge MLP's inputs at
+            # capture scale are 100+ MB, and a 1M paint edit's walk makes ~1M of them)
+            e = u_j.shape[-1]
+            x = geo.new_empty(*u_j.shape[:-1], 2 * e + geo.shape[-1])
+            torch.mul(u_i, u_j, out=x[..., :e])
+            torch.sub(u_i, u_j, out=x[..., e : 2 * e]).abs_()
+            x[..., 2 * e :] = geo
+        return torch.sigmoid(self.mlp(x))
 
 
 def edge_geometry(
