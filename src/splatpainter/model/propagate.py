@@ -200,8 +200,8 @@ class EdgeAffinity(nn.Module):
     def forward(self, u_i, u_j, geo) -> torch.Tensor:
         if torch.is_grad_enabled():
             x = torch.cat([u_i * u_j, (u_i - u_j).abs(), geo], -1)
-        else:  # the same numbers written in place: no temporaries (the edge MLP's inputs at
-            # capture scale are 100+ MB, and a 1M paint edit's walk makes ~1M of them)
+        else:  # the same numbers written in place, without the temporaries (a 1M paint
+            # edit's walk feeds ~1M edges, 150 MB of inputs, through here)
             e = u_j.shape[-1]
             x = geo.new_empty(*u_j.shape[:-1], 2 * e + geo.shape[-1])
             torch.mul(u_i, u_j, out=x[..., :e])

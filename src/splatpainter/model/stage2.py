@@ -158,10 +158,11 @@ class Stage2Config:
     # choice applies its map exactly instead of to within a few thousandths (trained through
     # straight-through gradients, as the gate floor is).
     commit: float = limited(0.0, ge=0, lt=1 / 3)
-    # Kind hints the network's inputs read as "auto" (inference only; empty: as the weights
-    # were trained).  Such a hint still rules hypotheses out and fits only its maps; the
-    # network is not told it.  Trained on a twentieth of the edits, the relight hint's inputs
-    # cost 1.2-1.4 dB against "auto" on relights whose truth its shading map is.
+    # Kind hints the network's inputs read as "auto" (empty: every hint as the weights were
+    # trained; set by a phase of no steps, phase 11).  Such a hint still rules hypotheses out
+    # and fits only its maps; the network is not told it.  Trained on a twentieth of the
+    # edits, the relight hint's inputs cost 1.2-1.4 dB against "auto" on relights whose truth
+    # its shading map is.
     untold_hints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -400,11 +401,14 @@ class Stage2Editor(nn.Module):
         rest = hypothesis_rest_maps(band, shading_factor(shading, n_rest), n_rest)
         return GaussianInputs(cand, stats, per_gauss, normals, rest)
 
+    def _told_index(self, s: EditSample) -> int:
+        """The kind hint the network reads for this sample, as its index in EDIT_HINTS: its
+        own, or "auto" for a hint in Stage2Config.untold_hints."""
+        return EDIT_HINTS.index("auto" if s.hint in self.config.untold_hints else s.hint)
+
     def _told(self, s: EditSample) -> torch.Tensor:
-        """The one-hot kind hint [len(EDIT_HINTS)] the network reads for this sample: its own,
-        or "auto" for a hint in Stage2Config.untold_hints."""
-        told = "auto" if s.hint in self.config.untold_hints else s.hint
-        return F.one_hot(torch.tensor(EDIT_HINTS.index(told)), len(EDIT_HINTS))
+        """That hint one-hot [len(EDIT_HINTS)]."""
+        return F.one_hot(torch.tensor(self._told_index(s)), len(EDIT_HINTS))
 
     def _walker(self, s: EditSample, cand, per_gauss, normals) -> Callable[..., torch.Tensor]:
         """The learned propagation of one edit, prepared: walker(coarse_steps=None) gives its
@@ -443,7 +447,7 @@ class Stage2Editor(nn.Module):
             vox = s.latent.vox
             sig = segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels)
             pos = fourier_encode(vox.voxel_centers() * 2.0, c.fourier_freqs)
-            hint = self.hint_embed.weight[int(self._told(s).argmax())]
+            hint = self.hint_embed.weight[self._told_index(s)]
             vtok.append(
                 self.voxel_in(s.latent.voxel_latent)
                 + self.voxel_pos(pos)
