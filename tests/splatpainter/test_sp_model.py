@@ -407,3 +407,25 @@ def test_a_bulky_gaussian_takes_its_surface_s_normal_and_a_flat_one_its_own_axis
     assert float(cos.min()) > 0.98
     assert torch.equal(n[200:].abs(), torch.tensor([1.0, 0.0, 0.0]).expand(200, 3))
     assert torch.allclose(n.norm(dim=-1), torch.ones(400))
+
+
+def test_a_column_major_segment_mean_is_the_plain_one_bit_for_bit():
+    """Stage II's per-Gaussian inputs are built column-major (`column_major`), whose segment
+    sums run along contiguous rows: the same values and voxel means, bit for bit, with
+    gradients too."""
+    from splatpainter.model.layers import column_major, segment_mean
+
+    g = torch.Generator().manual_seed(0)
+    pieces = [torch.randn(5000, c, generator=g) for c in (3, 1, 9, 2)]
+    seg = torch.randint(0, 77, (5000,), generator=g)
+    plain = torch.cat(pieces, -1)
+    cols = column_major(pieces)
+    assert not cols.is_contiguous() and torch.equal(cols, plain)
+    assert torch.equal(segment_mean(cols, seg, 80), segment_mean(plain, seg, 80))
+    assert segment_mean(cols, seg, 80).is_contiguous()
+    grads = []
+    for build in (lambda ps: torch.cat(ps, -1), column_major):
+        ps = [p.clone().requires_grad_() for p in pieces]
+        (segment_mean(build(ps), seg, 80) * torch.arange(15.0)).sum().backward()
+        grads.append(torch.cat([p.grad for p in ps], -1))
+    assert torch.equal(grads[0], grads[1])

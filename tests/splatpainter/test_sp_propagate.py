@@ -200,3 +200,65 @@ def test_edge_affinities_written_in_place_are_the_ones_autograd_sees():
     with torch.enable_grad():
         slow = edge(u_i, u_j, geo)
     assert slow.requires_grad and torch.equal(fast, slow.detach())
+
+
+def test_a_walk_that_skips_the_rows_it_cannot_use_gives_the_touched_ones_the_same_values():
+    """A restricted edit's subgraph computes the fine affinities within fine_steps - 1 hops of
+    the touched Gaussians and the read-back ones within fine_steps alone; the touched ones'
+    walk values are those of the walk with every affinity of the subgraph (and of the whole
+    graph), and the rows it skipped were really left out."""
+    from splatpainter.model.restricted import subgraph, walk_hops
+
+    asset = _two_spheres(900)
+    n = asset.num_gaussians
+    torch.manual_seed(7)
+    model = EditorModel(small_config(propagate=True, prop_anchors=150)).eval()
+    for p in model.stage2.propagation.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    seen = torch.zeros(n)
+    seen[40:90] = 1.0
+    s2, sample, cand, per_gauss, normals = _walk_inputs(model, asset, seen, 0.2)
+    graph, steps = sample.latent.graph, s2.propagation.fine_steps
+    touched = seen.nonzero().squeeze(1)
+    hop = walk_hops(graph, touched, steps)
+    keep = (hop >= 0).nonzero().squeeze(1)
+    at = torch.searchsorted(keep, touched)
+
+    def walk(sub):
+        latent = dataclasses.replace(
+            sample.latent, gauss_feat=sample.latent.gauss_feat[keep], graph=sub
+        )
+        sig = sample.signals
+        rows = dataclasses.replace(
+            sig, **{f: getattr(sig, f)[keep] for f in ("residual", "abs_residual", "support")},
+            in_mask_weight=sig.in_mask_weight[keep],
+            weight=None if sig.weight is None else sig.weight[keep],
+        )  # fmt: skip
+        s = EditSample(latent, sample.views, rows, sample.colors[keep], sample.hint)
+        return s2._walk(s, cand[keep], per_gauss[keep], normals[keep])
+
+    with torch.no_grad():
+        whole = s2._walk(sample, cand, per_gauss, normals)[touched]
+        every = walk(subgraph(graph, keep))
+        some_sub = subgraph(graph, keep, hop[keep], steps)
+        some = walk(some_sub)
+    assert 0 < some_sub.fine_rows.numel() < some_sub.up_rows.numel() < keep.numel()
+    assert whole.abs().sum() > 0
+    torch.testing.assert_close(some[at], every[at], rtol=0, atol=1e-7)
+    torch.testing.assert_close(some[at], whole, rtol=0, atol=1e-6)
+    outer = hop[keep] == steps  # their steps were not computed: they keep their seed alone
+    assert not torch.allclose(some[outer], every[outer])
+
+
+def test_the_graph_keeps_its_spacing_and_anchor_counts_until_they_change():
+    model = EditorModel.initial(small_config(propagate=True, prop_anchors=64))
+    graph = model.asset_graph(make_demo_asset(600, seed=2).asset)
+    spacing, counts = graph.fine_spacing(), graph.anchor_counts()
+    assert graph.fine_spacing() is spacing and graph.anchor_counts() is counts
+    assert torch.equal(spacing, graph.fine_dist[:, 0].median())
+    m = graph.anchors.numel()
+    assert torch.equal(counts, torch.bincount(graph.up_idx[:, 0], minlength=m))
+    graph.fine_dist.mul_(2.0)  # changed in place: computed again
+    graph.up_idx[:, 0] = graph.up_idx[0, 0]
+    assert torch.equal(graph.fine_spacing(), 2.0 * spacing)
+    assert int(graph.anchor_counts()[graph.up_idx[0, 0]]) == 600

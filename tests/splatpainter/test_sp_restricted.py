@@ -72,7 +72,8 @@ def test_local_edit_on_a_tiled_asset_equals_the_full_forward(kind):
     not touch bit for bit, the touched ones to float rounding: the walk on the subgraph and on
     the whole graph can differ in the last bit (in one edit, 6 of 4,301 touched Gaussians by at
     most 2.4e-7; likely torch's elementwise CPU kernels, which round a value by where it falls
-    in their vector loop, and that depends on the tensor's length)."""
+    in their vector loop, and that depends on the tensor's length), and the voxel means are
+    summed in another order (`region_inputs`: 21 of 150,000 SH values by 1e-6 to 1.8e-6)."""
     asset = tiled(6250, 2)
     model = load_editor()
     model.latent_cache = None  # (50k: the disk cache would keep it in ~/.cache)
@@ -87,7 +88,7 @@ def test_local_edit_on_a_tiled_asset_equals_the_full_forward(kind):
         untouched[local.rows] = False
         assert torch.equal(new.sh[untouched], ref.sh[untouched])
         assert torch.equal(new.sh[untouched], asset.sh[untouched])
-        torch.testing.assert_close(new.sh, ref.sh, rtol=0, atol=1e-6)
+        torch.testing.assert_close(new.sh, ref.sh, rtol=0, atol=5e-6)
         changed = int((new.sh != asset.sh).flatten(1).any(1).sum())
         assert 100 < changed < asset.num_gaussians // 5
         for a, b in zip(new_state["fast"], ref_fast, strict=True):
@@ -291,3 +292,41 @@ def test_the_solve_by_compositing_weights_is_the_solve_by_renders(monkeypatch):
     assert int((by_weights != 0).any(-1).sum()) > 1000
     assert torch.equal(by_weights != 0, by_renders != 0)
     torch.testing.assert_close(by_weights, by_renders, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("told", ["paint", "auto"])
+def test_the_region_s_inputs_and_voxel_means_are_the_whole_asset_s(told):
+    """`region_inputs` (the inputs at the walk's region, the voxel means of the rest by one
+    compiled pass) against the plain computation on every Gaussian: the inputs at the region
+    and every voxel mean to float rounding; the edit statistics too.  Under "auto" the maps are
+    fitted to the views' pixels (an HSV recolour, when fitted, takes the plain path)."""
+    from splatpainter.model.layers import segment_mean
+    from splatpainter.model.restricted import region_inputs, walk_hops
+
+    asset = tiled(2500, 2)
+    model = load_editor()
+    model.latent_cache = None
+    state = ModelMethod(model, kind=told).initial_state(asset)
+    view = painted_view(asset, 1, color=(0.1, 0.2, 0.9))
+    settings = model.stage2.config.signal_settings()
+    sample = build_edit_sample(asset, [view], state["latent"], hint=told, settings=settings)
+    s2 = model.stage2
+    rows = (sample.signals.in_mask_weight > 0).nonzero().squeeze(1)
+    hop = walk_hops(sample.latent.graph, rows, s2.propagation.fine_steps)
+    keep = (hop >= 0).nonzero().squeeze(1)
+    at = torch.searchsorted(keep, rows)
+    assert 100 < rows.numel() < keep.numel() < asset.num_gaussians // 2
+    with torch.no_grad():
+        region, means = region_inputs(s2, sample, keep, at)
+        full = s2._gaussian_inputs(sample, rest_rows=rows)
+        want = segment_mean(full.per_gauss, sample.latent.vox.gauss_voxel, means.shape[0])
+    for a, b in [
+        (region.per_gauss, full.per_gauss[keep]),
+        (region.cand, full.cand[keep]),
+        (region.normals, full.normals[keep]),
+        (region.rest, full.rest),
+        (region.stats, full.stats),
+    ]:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert bool((full.per_gauss.abs().sum(0) > 0).all())  # every column is exercised
+    torch.testing.assert_close(means, want, rtol=1e-5, atol=1e-6)

@@ -1,13 +1,21 @@
-"""numba kernels of the model's per-asset geometry passes (see stage1.orient_faint_locally).
+"""numba kernels of the model's passes over every Gaussian of a large asset.
 
 `nearest_in_balls` is the compiled form of "each point's k nearest among its own candidate
 set", which torch can only do as a distance matrix over a whole chunk's candidates and a topk
 (2.5 s of the 1M-Gaussian cold open; this kernel about 1 s there, under load).  Its reference
 is `nearest_in_balls_reference`, the same selection point by point in torch; tests check the
 two agree.
+
+`unmasked_voxel_sums` is Stage II's per-Gaussian inputs (`Stage2Editor._gaussian_inputs`)
+summed per voxel over the Gaussians no edit view's mask covers, in one pass: for those the
+inputs are the recolour's and the relight's candidate changes, the colour bin's statistics
+and the seen weight, and a local edit at a million Gaussians needs only their voxel sums
+(model/restricted.py).  Its reference is the torch path itself; tests check the two agree.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -82,3 +90,87 @@ def nearest_in_balls_reference(points, row_ball, candidates, starts, sizes, flat
         order = torch.from_numpy(np.lexsort((ball.numpy(), d.numpy())))[:k]
         out[i, : order.numel()] = ball[order]
     return out
+
+
+@njit(cache=True, inline="always")
+def _candidate(c, new, lo, hi):  # pragma: no cover
+    """hypotheses.map_candidates' change of one channel: the new value kept in the colour box
+    (`box_colors`), minus the old one, clamped to [-1, 1] (as edit_hypotheses stacks it)."""
+    d = min(max(new, lo), hi) - c
+    return min(max(d, np.float32(-1.0)), np.float32(1.0))
+
+
+@njit(parallel=True, cache=True)
+def _unmasked_voxel_sums(
+    colors, normals, weight, voxel, skip, affine, shade, light, bin_stats, bins, n_vox, width,
+    cols, n_thr,
+):  # pragma: no cover  # fmt: skip
+    n = colors.shape[0]
+    acc = np.zeros((n_thr, n_vox, width))
+    per = (n + n_thr - 1) // n_thr
+    zero, one = np.float32(0.0), np.float32(1.0)
+    scale = np.float32(bins - 1e-4)
+    for t in prange(n_thr):  # each thread its own rows and sums: the same result every run
+        a = acc[t]
+        for i in range(t * per, min(n, (t + 1) * per)):
+            if skip[i]:
+                continue
+            v = voxel[i]
+            c0, c1, c2 = colors[i, 0], colors[i, 1], colors[i, 2]
+            a[v, cols[0]] += np.float32(math.log1p(np.float64(weight[i])))
+            lit = normals[i, 0] * light[0] + normals[i, 1] * light[1] + normals[i, 2] * light[2]
+            f = shade[0] + shade[1] * max(lit, zero)
+            for k in range(3):
+                c = colors[i, k]
+                lo, hi = min(c, zero), max(c, one)
+                new = c0 * affine[0, k] + c1 * affine[1, k] + c2 * affine[2, k] + affine[3, k]
+                a[v, cols[1] + k] += _candidate(c, new, lo, hi)
+                a[v, cols[2] + k] += _candidate(c, c * f, lo, hi)
+            q0 = math.floor(min(max(c0, zero), one) * scale)
+            q1 = math.floor(min(max(c1, zero), one) * scale)
+            q2 = math.floor(min(max(c2, zero), one) * scale)
+            b = (q0 * bins + q1) * bins + q2
+            for j in range(bin_stats.shape[1]):
+                a[v, cols[3] + j] += bin_stats[b, j]
+    out = np.zeros((n_vox, width))
+    for t in range(n_thr):
+        out += acc[t]
+    return out
+
+
+def _f32(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().to(torch.float32).contiguous().numpy()
+
+
+def unmasked_voxel_sums(
+    colors: torch.Tensor,
+    normals: torch.Tensor,
+    weight: torch.Tensor,
+    voxel: torch.Tensor,
+    masked: torch.Tensor,
+    affine: torch.Tensor,
+    shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    bin_stats: torch.Tensor,
+    num_voxels: int,
+    width: int,
+    columns: tuple[int, int, int, int],
+) -> torch.Tensor:
+    """[num_voxels, width] float64: per voxel, the sum of the per-Gaussian inputs of the
+    Gaussians not `masked` [N] bool (those with no in-mask weight: every other input is zero):
+    log(1 + weight) [N] in column columns[0], the affine recolour's [4, 3] and the shading's
+    (ambient, diffuse, light) candidate changes from columns[1] and columns[2], and the colour
+    bin's `bin_stats` [COLOR_BINS^3, BIN_STATS_DIM] from columns[3].  float32 maths as torch's
+    (the sums' order aside)."""
+    import numba
+
+    from splatpainter.model.hypotheses import COLOR_BINS
+
+    a, d, light = shading
+    out = _unmasked_voxel_sums(
+        _f32(colors), _f32(normals), _f32(weight), voxel.cpu().long().contiguous().numpy(),
+        masked.cpu().contiguous().numpy(), _f32(affine),
+        np.array([float(a), float(d)], dtype=np.float32), _f32(light), _f32(bin_stats),
+        COLOR_BINS, int(num_voxels), int(width), np.array(columns, dtype=np.int64),
+        numba.get_num_threads(),
+    )  # fmt: skip
+    return torch.from_numpy(out).to(colors.device)

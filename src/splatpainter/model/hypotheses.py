@@ -23,6 +23,7 @@ Everything here is plain, differentiable-free tensor maths on [N, ...] inputs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -221,19 +222,62 @@ def fit_shading(
     return av[0], d, light
 
 
+def color_bins(colors: torch.Tensor) -> torch.Tensor:
+    """[N] each colour's bin of a COLOR_BINS^3 grid over the colour box."""
+    b = COLOR_BINS
+    q = (colors.clamp(0, 1) * (b - 1e-4)).floor().long()
+    return (q[:, 0] * b + q[:, 1]) * b + q[:, 2]
+
+
+def _bin_share(idx: torch.Tensor, seen_weight: torch.Tensor, changed_weight: torch.Tensor):
+    """(changed share of the seen weight, seen weight) per colour bin [COLOR_BINS^3] each."""
+    seen = seen_weight.new_zeros(COLOR_BINS**3).index_add_(0, idx, seen_weight)
+    changed = seen_weight.new_zeros(COLOR_BINS**3).index_add_(0, idx, changed_weight)
+    share = changed / seen.clamp_min(1e-6)
+    share = torch.where(seen > 0, share, torch.full_like(share, -1.0))  # -1: colour never seen
+    return share, seen
+
+
 def color_bin_stats(
     colors: torch.Tensor, seen_weight: torch.Tensor, changed_weight: torch.Tensor
 ) -> torch.Tensor:
     """Per Gaussian [N, 2]: the changed share of the seen weight in its colour bin, and
     log(1 + seen weight of the bin): "were the seen Gaussians that look like me edited?"."""
-    b = COLOR_BINS
-    q = (colors.clamp(0, 1) * (b - 1e-4)).floor().long()
-    idx = (q[:, 0] * b + q[:, 1]) * b + q[:, 2]
-    seen = colors.new_zeros(b**3).index_add_(0, idx, seen_weight)
-    changed = colors.new_zeros(b**3).index_add_(0, idx, changed_weight)
-    share = changed / seen.clamp_min(1e-6)
-    share = torch.where(seen > 0, share, torch.full_like(share, -1.0))  # -1: colour never seen
+    idx = color_bins(colors)
+    share, seen = _bin_share(idx, seen_weight, changed_weight)
     return torch.stack([share[idx], torch.log1p(seen[idx])], -1)
+
+
+def changed_weight(
+    in_mask_weight: torch.Tensor, abs_residual: torch.Tensor, change_tau: float = 0.05
+) -> torch.Tensor:
+    """[N] how much of each Gaussian's in-mask weight changed (its residual against tau)."""
+    return in_mask_weight * (abs_residual / change_tau).clamp(0, 1)
+
+
+@dataclass(frozen=True)
+class EditTotals:
+    """What an edit's per-Gaussian inputs read from every Gaussian of the asset: the total
+    seen weight and the colour-bin statistics per bin ([COLOR_BINS^3, BIN_STATS_DIM], as
+    `color_bin_stats` gives them per Gaussian).  `edit_hypotheses` takes them to run on some
+    Gaussians alone (a restricted edit, model/restricted.py)."""
+
+    seen_total: torch.Tensor  # []
+    bin_stats: torch.Tensor  # [COLOR_BINS^3, BIN_STATS_DIM]
+
+
+def edit_totals(
+    colors: torch.Tensor,
+    abs_residual: torch.Tensor,
+    in_mask_weight: torch.Tensor,
+    weight: torch.Tensor,
+    change_tau: float = 0.05,
+) -> EditTotals:
+    """`EditTotals` of an edit over every Gaussian (the arguments as `edit_hypotheses`')."""
+    share, seen = _bin_share(
+        color_bins(colors), weight, changed_weight(in_mask_weight, abs_residual, change_tau)
+    )
+    return EditTotals(weight.sum(), torch.stack([share, torch.log1p(seen)], -1))
 
 
 def recolor(colors: torch.Tensor, affine: torch.Tensor, hsv: torch.Tensor | None = None):
@@ -356,9 +400,13 @@ def edit_hypotheses(
     affine: torch.Tensor | None = None,
     shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     hsv: torch.Tensor | None = None,
+    totals: EditTotals | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Candidate colour deltas [N, NUM_HYPOTHESES, 3], edit statistics [EDIT_STATS_DIM] and
     colour-bin statistics [N, BIN_STATS_DIM] for one edit (all zeros-safe when nothing is seen).
+
+    totals: `edit_totals` of the whole asset, when these are some of its Gaussians, every one
+    with in-mask weight among them (then the statistics are the whole asset's, to rounding).
 
     seen_delta [N, 3]: what the views say each seen Gaussian's change is (zero elsewhere).
     affine / shading: maps already fitted to the views' pixels (edit/solve.py), used instead of
@@ -374,11 +422,12 @@ def edit_hypotheses(
     def rmse(c: torch.Tensor) -> torch.Tensor:
         return (((c - seen_delta) ** 2).sum(-1) * w).sum().div(wsum).sqrt()
 
-    changed_w = in_mask_weight * (abs_residual / change_tau).clamp(0, 1)
+    changed_w = changed_weight(in_mask_weight, abs_residual, change_tau)
     seen_w = weight
+    seen_total = seen_w.sum() if totals is None else totals.seen_total
     stats = torch.stack(
         [
-            changed_w.sum() / seen_w.sum().clamp_min(1e-6),  # share of the view that changed
+            changed_w.sum() / seen_total.clamp_min(1e-6),  # share of the view that changed
             rmse(cand_aff),
             rmse(cand_shade),
             (abs_residual * w).sum() / wsum,
@@ -386,7 +435,10 @@ def edit_hypotheses(
             d,
         ]
     )
-    bins = color_bin_stats(colors, seen_w, changed_w)
+    if totals is None:
+        bins = color_bin_stats(colors, seen_w, changed_w)
+    else:
+        bins = totals.bin_stats[color_bins(colors)]
     return cand, stats, bins
 
 

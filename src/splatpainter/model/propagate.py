@@ -29,6 +29,7 @@ the next edit recomputes only the chunks of edges where something they read has 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -68,6 +69,30 @@ class SplatGraph:
     # Gaussians: it carries the whole asset's Gaussian count per anchor [M] (not a field: a
     # graph's own counts follow from up_idx).
     home_count: ClassVar[torch.Tensor | None] = None
+    # ... and needs the fine and read-back affinities of some of its rows only (indices; None:
+    # every row; the others are zero, and a walk step gives such a Gaussian its seed alone).
+    fine_rows: ClassVar[torch.Tensor | None] = None
+    up_rows: ClassVar[torch.Tensor | None] = None
+
+    def _kept(self, name: str, source: torch.Tensor, compute: Callable[[], torch.Tensor]):
+        """compute(), kept on the graph while `source` is the same tensor, unchanged in place:
+        at a million Gaussians each restricted edit's subgraph asks for these again."""
+        memo = self.__dict__.get(name)
+        if memo is None or memo[0] is not source or memo[1] != source._version:
+            memo = (source, source._version, compute())
+            self.__dict__[name] = memo
+        return memo[2]
+
+    def fine_spacing(self) -> torch.Tensor:
+        """The median distance to the nearest neighbour: the walk's unit of length."""
+        return self._kept("_spacing", self.fine_dist, lambda: self.fine_dist[:, 0].median())
+
+    def anchor_counts(self) -> torch.Tensor:
+        """[M] Gaussians homed at each anchor (what a subgraph carries as `home_count`)."""
+        m = self.anchors.numel()
+        return self._kept(
+            "_counts", self.up_idx, lambda: torch.bincount(self.up_idx[:, 0], minlength=m)
+        )
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name).cpu() for f in fields(self)}
@@ -319,6 +344,16 @@ class Propagation(nn.Module):
         ]  # fmt: skip
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    @classmethod
+    def _rows_affinity(cls, edge, args, dst, spacing, rows, post=None) -> torch.Tensor:
+        """`_affinity` of every Gaussian's edges (args: u, points, normals, colors, every), or
+        of the `rows` [R] alone, the others zero."""
+        if rows is None:
+            return cls._affinity(edge, *args, dst, spacing, post)
+        *nodes, every = args
+        out = cls._affinity(edge, *nodes, rows, dst[rows], spacing, post)
+        return out.new_zeros(every.shape[0], *out.shape[1:]).index_copy_(0, rows, out)
+
     @staticmethod
     def _normalise(aff: torch.Tensor) -> torch.Tensor:
         """a_ij / (sum_j a_ij + eps): what a walk step weighs its neighbours by."""
@@ -365,8 +400,10 @@ class Propagation(nn.Module):
         every = torch.arange(u.shape[0], device=u.device)
         args = (u, points, normals, colors, every)
         if not self._cacheable(graph):
-            aff_up = self._affinity(self.up_edge, *args, a[up], c_spacing)
-            return aff_up, self._normalise(self._affinity(self.fine_edge, *args, fn, spacing))
+            aff_up = self._rows_affinity(self.up_edge, args, a[up], c_spacing, graph.up_rows)
+            norm = self._normalise
+            fine = self._rows_affinity(self.fine_edge, args, fn, spacing, graph.fine_rows, norm)
+            return aff_up, fine
         cache = self.affinity_cache
         params = [p.detach() for p in self.parameters()]
         with cache._lock:
@@ -416,7 +453,7 @@ class Propagation(nn.Module):
         u = self.embed(nodes)
         conf = 1.0 - torch.exp(-seen_weight.clamp_min(0) / self.conf_weight)
         seeds = self.seed(seed_inputs) * (seen_weight > 0).to(u.dtype)[:, None]
-        spacing = graph.fine_dist[:, 0].median().clamp_min(1e-9)
+        spacing = graph.fine_spacing().clamp_min(1e-9)
         # coarse level: seeds pooled to the nearest anchor
         a = graph.anchors
         m = a.shape[0]

@@ -62,34 +62,45 @@ def can_restrict(editor: Stage2Editor, sample: EditSample) -> bool:
     return sample.hint in LOCAL_HINTS
 
 
-def walk_region(graph: SplatGraph, touched: torch.Tensor, hops: int) -> torch.Tensor:
-    """[N] bool: the Gaussians the walk must run on for the touched ones' values (module doc)."""
+def walk_hops(graph: SplatGraph, touched: torch.Tensor, hops: int) -> torch.Tensor:
+    """[N] int16: each Gaussian's hop count from the touched ones along the k-NN graph's edges
+    (0: touched) up to `hops`; hops + 1 for an anchor further out (the coarse walk runs on every
+    anchor); -1 outside the region the walk must run on for the touched ones' values."""
     n = graph.fine_idx.shape[0]
-    region = torch.zeros(n, dtype=torch.bool, device=touched.device)
-    region[touched] = True
+    hop = torch.full((n,), -1, dtype=torch.int16, device=touched.device)
+    hop[touched] = 0
     frontier = touched
-    for _ in range(hops):
+    for h in range(1, hops + 1):
         nxt = graph.fine_idx[frontier].flatten()
-        nxt = nxt[~region[nxt]]
+        nxt = nxt[hop[nxt] < 0]
         if nxt.numel() == 0:
             break
-        region[nxt] = True
+        hop[nxt] = h
         frontier = torch.unique(nxt)
-    region[graph.anchors] = True
-    return region
+    a = graph.anchors
+    hop[a] = torch.where(hop[a] < 0, hops + 1, hop[a])
+    return hop
 
 
-def subgraph(graph: SplatGraph, keep: torch.Tensor) -> SplatGraph:
+def subgraph(
+    graph: SplatGraph, keep: torch.Tensor, hop: torch.Tensor | None = None, fine_steps: int = 0
+) -> SplatGraph:
     """The graph on the Gaussians `keep` [S] (ascending), edges leaving it turned into
     self-loops, the anchors and coarse level unchanged.  fine_dist is the full graph's local
-    spacing in every row: the walk reads it only as that median."""
+    spacing in every row: the walk reads it only as that median.
+
+    hop [S] (`walk_hops` at keep, for a walk of `fine_steps`): the walk then computes the fine
+    affinities of the Gaussians within fine_steps - 1 hops alone and the read-back ones within
+    fine_steps (what a Gaussian h hops out holds reaches a touched one h steps later, so a
+    step's result further out never arrives).  Only Gaussians fine_steps hops out have edges
+    leaving the region, so every affinity computed is the full graph's."""
     n = graph.fine_idx.shape[0]
     pos = torch.full((n,), -1, dtype=torch.int64, device=keep.device)
     pos[keep] = torch.arange(keep.numel(), device=keep.device)
     fine = pos[graph.fine_idx[keep]]
     own = torch.arange(keep.numel(), device=keep.device)[:, None].expand_as(fine)
     fine = torch.where(fine >= 0, fine, own)
-    spacing = graph.fine_dist[:, 0].median()
+    spacing = graph.fine_spacing()
     sub = SplatGraph(
         fine_idx=fine,
         fine_dist=spacing.expand(keep.numel(), graph.fine_dist.shape[1]),
@@ -102,8 +113,11 @@ def subgraph(graph: SplatGraph, keep: torch.Tensor) -> SplatGraph:
         attrs=graph.attrs[keep],
     )
     sub.cacheable = False  # one edit's subgraph: its affinities are not kept (propagate.py)
-    home = graph.up_idx[:, 0]
-    sub.home_count = torch.bincount(home, minlength=graph.anchors.numel())
+    sub.home_count = graph.anchor_counts()
+    sub._kept("_spacing", sub.fine_dist, lambda: spacing)  # its rows all hold that median
+    if hop is not None:
+        sub.fine_rows = (hop < fine_steps).nonzero().squeeze(1)
+        sub.up_rows = (hop <= fine_steps).nonzero().squeeze(1)
     return sub
 
 
@@ -140,6 +154,53 @@ class _Clock:
             self.t = now
 
 
+def region_inputs(
+    editor: Stage2Editor, s: EditSample, keep: torch.Tensor, at: torch.Tensor
+) -> tuple[GaussianInputs, torch.Tensor]:
+    """Stage II's per-Gaussian inputs at the Gaussians `keep` [R] (ascending; every Gaussian with
+    in-mask weight among them; the SH band maps at keep[at] alone), and every voxel's mean of
+    them over the whole asset [V, F] (what the voxel tokens read).
+
+    The Gaussians outside keep have no in-mask weight, so their inputs are the recolour's and
+    the relight's candidate changes, their colour bin's statistics and their seen weight: one
+    compiled pass sums those per voxel (`_kernels.unmasked_voxel_sums`) instead of building the
+    [N, F] inputs of a million Gaussians; the statistics over every Gaussian come from
+    `edit_totals`.  The result is the full computation's to float rounding (the sums' order);
+    an HSV recolour, which that pass does not compute, takes the full computation."""
+    from splatpainter.model._kernels import unmasked_voxel_sums
+    from splatpainter.model.hypotheses import edit_totals, fit_hypothesis_maps
+    from splatpainter.model.stage2 import UNMASKED_COLUMNS
+
+    sig, vox = s.signals, s.latent.vox
+    normals = s.latent.normals
+    if normals is None:
+        normals = torch.zeros_like(s.colors)
+    if sig.hsv is not None:
+        full = editor._gaussian_inputs(s, rest_rows=keep[at])
+        means = segment_mean(full.per_gauss, vox.gauss_voxel, vox.num_voxels)
+        return full.rows(keep, rest_too=False), means
+    rows = _signals_rows(sig, keep)
+    seen_delta = rows.residual if rows.solved is None else rows.solved
+    w = rows.in_mask_weight * rows.support
+    colors, nrm = s.colors[keep], normals[keep]
+    affine, shading = fit_hypothesis_maps(colors, seen_delta, w, nrm, rows.affine, rows.shading)
+    rows = dataclasses.replace(rows, affine=affine, shading=shading)  # fitted once, here
+    latent = Stage1Latent(vox, s.latent.voxel_latent, s.latent.gauss_feat[keep], nrm, None)
+    totals = edit_totals(s.colors, sig.abs_residual, sig.in_mask_weight, sig.total_weight())
+    sample = EditSample(latent, s.views, rows, colors, s.hint)
+    inputs = editor._gaussian_inputs(sample, rest_rows=at, totals=totals)
+    outside = torch.ones(s.colors.shape[0], dtype=torch.bool, device=keep.device)
+    outside[keep] = False
+    width = inputs.per_gauss.shape[1]
+    sums = unmasked_voxel_sums(
+        s.colors, normals, sig.total_weight(), vox.gauss_voxel, ~outside, affine, shading,
+        totals.bin_stats, vox.num_voxels, width, UNMASKED_COLUMNS,
+    )  # fmt: skip
+    sums.index_add_(0, vox.gauss_voxel[keep], inputs.per_gauss.to(sums.dtype))
+    count = torch.bincount(vox.gauss_voxel, minlength=vox.num_voxels).clamp_min(1)
+    return inputs, (sums / count[:, None].to(sums.dtype)).to(s.colors.dtype)
+
+
 @torch.no_grad()
 def local_forward(
     editor: Stage2Editor,
@@ -153,35 +214,39 @@ def local_forward(
 
     The editor's own forward runs, on a sample of the touched Gaussians only, through a shallow
     copy of the editor whose three seams return what the full asset gives: the per-Gaussian
-    inputs (computed on every Gaussian, then taken at the rows), the voxels' signal tokens
-    (means over every Gaussian), and the walk (on the subgraph).  So the head, the gate and the
+    inputs (`region_inputs`, taken at the rows), the voxels' signal tokens (from their means
+    over every Gaussian), and the walk (on the subgraph).  So the head, the gate and the
     mixing are the editor's, whatever they become."""
     clock = _Clock(timings)
     if not can_restrict(editor, s):
         raise ValueError(f"edit kind {s.hint!r} is not local; use the full forward")
     sig = s.signals
     rows = (sig.in_mask_weight > 0).nonzero().squeeze(1)
-    full = editor._gaussian_inputs(s, rest_rows=rows)
-    cand, per_gauss, normals = full.cand, full.per_gauss, full.normals
     vox = s.latent.vox
-    voxel_sig = editor.voxel_sig(segment_mean(per_gauss, vox.gauss_voxel, vox.num_voxels))
+    prop, graph = editor.propagation, s.latent.graph
+    keep, hop = rows, None
+    if prop is not None:
+        if graph is None:
+            raise ValueError("this editor propagates over the asset's graph: the latent has none")
+        hop = walk_hops(graph, rows, prop.fine_steps)
+        keep = (hop >= 0).nonzero().squeeze(1)
+    at = torch.searchsorted(keep, rows)  # the touched Gaussians among keep
+    region, voxel_means = region_inputs(editor, s, keep, at)
+    voxel_sig = editor.voxel_sig(voxel_means)
     clock("stage2_inputs_all_gaussians")
     size = 0
     walk = None
-    if editor.propagation is not None:
-        graph = s.latent.graph
-        if graph is None:
-            raise ValueError("this editor propagates over the asset's graph: the latent has none")
-        keep = walk_region(graph, rows, editor.propagation.fine_steps).nonzero().squeeze(1)
+    if prop is not None and hop is not None:
         size = int(keep.numel())
+        sub_graph = subgraph(graph, keep, hop[keep], prop.fine_steps)
         sub_latent = Stage1Latent(
-            vox, s.latent.voxel_latent, s.latent.gauss_feat[keep], None, subgraph(graph, keep)
+            vox, s.latent.voxel_latent, s.latent.gauss_feat[keep], None, sub_graph
         )
         sub = EditSample(sub_latent, s.views, _signals_rows(sig, keep), s.colors[keep], s.hint)
-        z = editor._walk(sub, cand[keep], per_gauss[keep], normals[keep])
-        walk = z[torch.searchsorted(keep, rows)]
+        z = editor._walk(sub, region.cand, region.per_gauss, region.normals)
+        walk = z[at]
         clock("stage2_walk_subgraph")
-    inputs = full.rows(rows, rest_too=False)
+    inputs = region.rows(at, rest_too=False)
     view = _rows_editor(editor, inputs, voxel_sig, walk)
     row_vox = dataclasses.replace(vox, gauss_voxel=vox.gauss_voxel[rows])
     latent = Stage1Latent(row_vox, s.latent.voxel_latent, s.latent.gauss_feat[rows], None, None)

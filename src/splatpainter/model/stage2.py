@@ -46,6 +46,7 @@ from splatpainter.model.hypotheses import (
     BIN_STATS_DIM,
     EDIT_STATS_DIM,
     NUM_HYPOTHESES,
+    EditTotals,
     edit_hypotheses,
     fit_hypothesis_maps,
     hypothesis_rest_maps,
@@ -53,7 +54,13 @@ from splatpainter.model.hypotheses import (
     shading_factor,
     with_seen_solve,
 )
-from splatpainter.model.layers import MLP, SelfAttention, fourier_encode, segment_mean
+from splatpainter.model.layers import (
+    MLP,
+    SelfAttention,
+    column_major,
+    fourier_encode,
+    segment_mean,
+)
 from splatpainter.model.propagate import NODE_ATTRS, Propagation
 from splatpainter.model.stage1 import MAX_WIDTH, Stage1Latent
 from splatpainter.model.ttt import FastWeights, TTTConfig, TTTLayer
@@ -61,6 +68,11 @@ from splatpainter.model.ttt import FastWeights, TTTConfig, TTTLayer
 # Channels of an edit-view pixel: edited rgb, render rgb, residual rgb, Plücker (6), mask.
 VIEW_CHANNELS = 3 + 3 + 3 + 6 + 1
 SIGNAL_DIM = 3 + 1 + 1 + 1  # residual rgb, |residual|, support, log(1 + visible weight)
+# The per-Gaussian inputs' columns (`_gaussian_inputs`: signals, candidates hypothesis by
+# hypothesis, colour-bin statistics) that are not zero for a Gaussian without in-mask weight:
+# log(1 + visible weight), the recolour's and the relight's candidate changes, the bin
+# statistics.  `_kernels.unmasked_voxel_sums` fills these for a restricted edit.
+UNMASKED_COLUMNS = (SIGNAL_DIM - 1, SIGNAL_DIM + 3, SIGNAL_DIM + 6, SIGNAL_DIM + 9)
 # The edit-kind hint: "auto" lets the model infer the kind.
 EDIT_HINTS = ("auto", "paint", "recolor", "relight", "detail")
 # Which hypotheses (the seen Gaussians' own change, affine recolour, relight) a hint allows:
@@ -236,16 +248,14 @@ class GaussianSignals:
             self.support > 0, self.in_mask_weight / self.support.clamp_min(1e-12), self.support
         )
 
-    def as_features(self) -> torch.Tensor:
-        return torch.cat(
-            [
-                self.residual,
-                self.abs_residual[:, None],
-                self.support[:, None],
-                torch.log1p(self.total_weight())[:, None],
-            ],
-            dim=-1,
-        )
+    def feature_columns(self) -> list[torch.Tensor]:
+        """The signals the network reads per Gaussian, as [N, C_i] pieces."""
+        return [
+            self.residual,
+            self.abs_residual[:, None],
+            self.support[:, None],
+            torch.log1p(self.total_weight())[:, None],
+        ]
 
     def evidence(self, tau: float) -> torch.Tensor:
         """E in [0, 1]: exactly 0 when no masked pixel both lands on the asset and differs."""
@@ -368,10 +378,14 @@ class Stage2Editor(nn.Module):
         return [blk.ttt.init_state(batch) for blk in self.blocks]
 
     def _gaussian_inputs(
-        self, s: EditSample, rest_rows: torch.Tensor | None = None
+        self,
+        s: EditSample,
+        rest_rows: torch.Tensor | None = None,
+        totals: EditTotals | None = None,
     ) -> GaussianInputs:
         """The per-Gaussian inputs of one sample.  rest_rows: the band maps of those Gaussians
-        only (a restricted edit needs no others)."""
+        only (a restricted edit needs no others); totals: the whole asset's, when the sample
+        holds some of its Gaussians (`edit_hypotheses`)."""
         sig = s.signals
         normals = s.latent.normals
         if normals is None:
@@ -393,8 +407,9 @@ class Stage2Editor(nn.Module):
             affine=affine,
             shading=shading,
             hsv=sig.hsv,
+            totals=totals,
         )
-        per_gauss = torch.cat([sig.as_features(), cand.flatten(1), bins], -1)
+        per_gauss = column_major([*sig.feature_columns(), cand.flatten(1), bins])
         w = sig.in_mask_weight * sig.support
         band = recolor_band_maps(s.colors, affine, sig.hsv, seen_delta, w, rest_rows)
         n_rest = normals if rest_rows is None else normals[rest_rows]
