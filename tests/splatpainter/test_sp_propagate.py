@@ -75,15 +75,21 @@ def _walk_inputs(model, asset, seen: torch.Tensor, level: float):
     return s2, sample, cand, per_gauss, normals
 
 
+def _random_walk_editor(seed: int, anchors: int) -> EditorModel:
+    """An editor whose propagation has large random weights (any learned walk)."""
+    torch.manual_seed(seed)
+    model = EditorModel(small_config(propagate=True, prop_anchors=anchors)).eval()
+    for p in model.stage2.propagation.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    return model
+
+
 def test_walk_never_reaches_a_part_of_the_graph_no_seen_gaussian_is_in():
     """Whatever the weights: the twin across the gap gets exactly zero walk, because the
     graph, not colour, carries the edit there."""
     asset = _two_spheres()
     n = asset.num_gaussians
-    torch.manual_seed(5)
-    model = EditorModel(small_config(propagate=True, prop_anchors=200)).eval()
-    for p in model.stage2.propagation.parameters():
-        torch.nn.init.normal_(p, std=0.5)
+    model = _random_walk_editor(5, 200)
     seen = torch.zeros(n)
     seen[: n // 4] = 1.0  # a quarter of the first sphere
     s2, sample, cand, per_gauss, normals = _walk_inputs(model, asset, seen, 0.3)
@@ -211,10 +217,7 @@ def test_a_walk_that_skips_the_rows_it_cannot_use_gives_the_touched_ones_the_sam
 
     asset = _two_spheres(900)
     n = asset.num_gaussians
-    torch.manual_seed(7)
-    model = EditorModel(small_config(propagate=True, prop_anchors=150)).eval()
-    for p in model.stage2.propagation.parameters():
-        torch.nn.init.normal_(p, std=0.5)
+    model = _random_walk_editor(7, 150)
     seen = torch.zeros(n)
     seen[40:90] = 1.0
     s2, sample, cand, per_gauss, normals = _walk_inputs(model, asset, seen, 0.2)
