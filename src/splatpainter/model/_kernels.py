@@ -147,7 +147,7 @@ def unmasked_voxel_sums(
     normals: torch.Tensor,
     weight: torch.Tensor,
     voxel: torch.Tensor,
-    masked: torch.Tensor,
+    skip: torch.Tensor,
     affine: torch.Tensor,
     shading: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     bin_stats: torch.Tensor,
@@ -156,8 +156,9 @@ def unmasked_voxel_sums(
     columns: tuple[int, int, int, int],
 ) -> torch.Tensor:
     """[num_voxels, width] float64: per voxel, the sum of the per-Gaussian inputs of the
-    Gaussians not `masked` [N] bool (those with no in-mask weight: every other input is zero):
-    log(1 + weight) [N] in column columns[0], the affine recolour's [4, 3] and the shading's
+    Gaussians not in `skip` [N] bool (summed elsewhere; it holds every Gaussian with in-mask
+    weight, so the others' inputs are zero but for these): log(1 + weight) [N] in column
+    columns[0], the affine recolour's [4, 3] and the shading's
     (ambient, diffuse, light) candidate changes from columns[1] and columns[2], and the colour
     bin's `bin_stats` [COLOR_BINS^3, BIN_STATS_DIM] from columns[3].  float32 maths as torch's
     (the sums' order aside)."""
@@ -168,7 +169,7 @@ def unmasked_voxel_sums(
     a, d, light = shading
     out = _unmasked_voxel_sums(
         _f32(colors), _f32(normals), _f32(weight), voxel.cpu().long().contiguous().numpy(),
-        masked.cpu().contiguous().numpy(), _f32(affine),
+        skip.cpu().contiguous().numpy(), _f32(affine),
         np.array([float(a), float(d)], dtype=np.float32), _f32(light), _f32(bin_stats),
         COLOR_BINS, int(num_voxels), int(width), np.array(columns, dtype=np.int64),
         numba.get_num_threads(),

@@ -186,14 +186,15 @@ def region_inputs(
     affine, shading = fit_hypothesis_maps(colors, seen_delta, w, nrm, rows.affine, rows.shading)
     rows = dataclasses.replace(rows, affine=affine, shading=shading)  # fitted once, here
     latent = Stage1Latent(vox, s.latent.voxel_latent, s.latent.gauss_feat[keep], nrm, None)
-    totals = edit_totals(s.colors, sig.abs_residual, sig.in_mask_weight, sig.total_weight())
+    weight = sig.total_weight()
+    totals = edit_totals(s.colors, sig.abs_residual, sig.in_mask_weight, weight)
     sample = EditSample(latent, s.views, rows, colors, s.hint)
     inputs = editor._gaussian_inputs(sample, rest_rows=at, totals=totals)
-    outside = torch.ones(s.colors.shape[0], dtype=torch.bool, device=keep.device)
-    outside[keep] = False
+    in_region = torch.zeros(s.colors.shape[0], dtype=torch.bool, device=keep.device)
+    in_region[keep] = True
     width = inputs.per_gauss.shape[1]
     sums = unmasked_voxel_sums(
-        s.colors, normals, sig.total_weight(), vox.gauss_voxel, ~outside, affine, shading,
+        s.colors, normals, weight, vox.gauss_voxel, in_region, affine, shading,
         totals.bin_stats, vox.num_voxels, width, UNMASKED_COLUMNS,
     )  # fmt: skip
     sums.index_add_(0, vox.gauss_voxel[keep], inputs.per_gauss.to(sums.dtype))
@@ -236,7 +237,7 @@ def local_forward(
     clock("stage2_inputs_all_gaussians")
     size = 0
     walk = None
-    if prop is not None and hop is not None:
+    if hop is not None:  # (the editor propagates)
         size = int(keep.numel())
         sub_graph = subgraph(graph, keep, hop[keep], prop.fine_steps)
         sub_latent = Stage1Latent(
