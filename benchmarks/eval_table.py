@@ -29,8 +29,10 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from splatpainter.train.data import ALL_KINDS
+
 SUITES = ("procedural", "distractor", "capture")
-KINDS = ("paint", "recolor", "global", "relight", "detail")
+KINDS = ALL_KINDS  # the trained kinds, then the brush dab
 VISIBLE_CAP_DB = 50.0
 CAPPED = ("model", "rule", "diffusion", "diffusion_centred")  # the capped column's methods
 COLUMNS = (

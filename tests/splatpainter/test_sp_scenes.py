@@ -264,3 +264,27 @@ def test_every_kind_runs_in_every_suite(suite):
         assert step.colors.shape == (n, 3) and step.rest_map.shape == (n, 3, 3)
         assert step.sh.shape == seq.source.sh.shape and step.bleed.shape == (n,)
         assert seq.instance_id.dtype == torch.int64 and int(step.changed.sum()) >= 10
+
+
+@pytest.mark.parametrize("suite", ["procedural", "distractor", "capture"])
+def test_a_brush_dab_paints_a_screen_square_of_what_its_view_shows(suite):
+    """Deterministic; every Gaussian it changes is seen by the edit view and projects inside a
+    square at most BRUSH_SIDES[1] of the view across; some dabs cut across parts."""
+    from splatpainter.train.data import BRUSH_SIDES, _visible
+
+    spec = _spec(suite=suite, first_kind="brush", min_edits=1, max_edits=1)
+    crossing = 0
+    for seed in range(4):
+        seq = make_sequence(seed, spec)
+        again = make_sequence(seed, spec)
+        step = seq.steps[0]
+        assert step.kind == "brush" and torch.equal(step.colors, again.steps[0].colors)
+        cam = step.views[0].camera
+        changed = step.changed
+        assert int(changed.sum()) >= 10
+        assert bool(_visible(seq.source, cam)[changed].all())
+        uv, _ = cam.project(seq.source.means[changed])
+        side = (uv.amax(0) - uv.amin(0)).max()
+        assert float(side) <= BRUSH_SIDES[1] * cam.width
+        crossing += len(torch.unique(seq.primitive_id[changed])) >= 2
+    assert crossing >= 2

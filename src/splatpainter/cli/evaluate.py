@@ -52,7 +52,9 @@ def evaluate(
         "ablations model_kind (told the true kind), model_init (no learned weights)",
     ),
     kinds: str = typer.Option(
-        "paint,recolor,global,relight,detail", metavar="LIST", help="comma list of edit kinds"
+        "paint,recolor,global,relight,detail,brush",
+        metavar="LIST",
+        help="comma list of edit kinds (brush: a square dab across parts, not trained on)",
     ),
     as_json: JsonFlag = False,
     out: Path = typer.Option(Path("out/evaluate"), help="folder for grid PNGs and report.json"),
@@ -84,13 +86,13 @@ def evaluate(
         parse_names,
         parse_seeds,
     )
-    from splatpainter.train.data import KINDS
+    from splatpainter.train.data import ALL_KINDS
 
     lo, hi = _parse_range(gaussians, "gaussians")
     config = EvalConfig(
         seeds=parse_seeds(seeds),
         methods=parse_names(methods, METHODS, "methods"),
-        kinds=parse_names(kinds, KINDS, "kinds"),
+        kinds=parse_names(kinds, ALL_KINDS, "kinds"),
         suites=DEFAULT_SUITES if suites is None else parse_names(suites, SUITES, "suites"),
         min_gaussians=lo,
         max_gaussians=hi,

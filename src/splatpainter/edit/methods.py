@@ -11,6 +11,7 @@ selection), so Gaussians it does not touch keep their exact bits.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -130,48 +131,74 @@ def build_edit_sample(
     )
 
 
+# Half an 8-bit level: where an edit moves a Gaussian's colour by less than this in every view
+# direction and colour channel, no pixel of any render moves by as much (a pixel is a convex
+# combination of colours, the colour clamp is 1-Lipschitz), and the Gaussian keeps its bits.  Small
+# strokes otherwise nudged a third of an asset by 1e-4, which a session would accumulate, write to
+# files and send to the browser as deltas.  ROUNDING_ROOM keeps float32 renders under the level.
+IMPERCEPTIBLE = 0.5 / 255
+ROUNDING_ROOM = 1e-6
+WRITE_BACK_ROWS = 1 << 17  # Gaussians whose new SH apply_color_delta holds at once
+
+
+def sh_rest_norm_bound(degree: int) -> float:
+    """max over unit directions d of ||(Y_lm(d)) for 1 <= l <= degree||_2, for the real SH
+    basis: the addition theorem gives sum_m Y_lm(d)^2 = (2l + 1) / (4 pi) whatever d."""
+    return math.sqrt(sum(2 * el + 1 for el in range(1, degree + 1)) / (4 * math.pi))
+
+
+def colour_change_bound(old_sh: torch.Tensor, new_sh: torch.Tensor) -> torch.Tensor:
+    """[R] an upper bound, over view directions and colour channels, of how far each Gaussian's
+    view-dependent colour moves from SH [R, K, 3] old_sh to new_sh (Cauchy-Schwarz on the bands;
+    in their dtype: float32 rounds it by a few 1e-7 of itself, inside ROUNDING_ROOM)."""
+    bound = SH_C0 * (new_sh[:, 0] - old_sh[:, 0]).abs()
+    if new_sh.shape[1] > 1:
+        degree = math.isqrt(new_sh.shape[1]) - 1
+        bound = bound + sh_rest_norm_bound(degree) * (new_sh[:, 1:] - old_sh[:, 1:]).norm(dim=1)
+    return bound.amax(-1)
+
+
 def apply_color_delta(
     asset,
     rgb_delta: torch.Tensor,
     rest_map: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
+    *,
+    min_change: float = IMPERCEPTIBLE,
 ):
     """Add a base-colour delta [N, 3] to SH DC and map the higher SH bands by `rest_map`
     [N, 3, 3] (rest'[n, k] = rest_map[n] @ rest[n, k]: a linear colour map applies to every band,
-    a shading scales the view-dependent terms too).  A Gaussian whose delta is zero and whose
-    map is the identity keeps its bits.
+    a shading scales the view-dependent terms too).  A Gaussian keeps its bits where its colour
+    would move by less than `min_change` in every direction (`colour_change_bound`;
+    IMPERCEPTIBLE; 0: wherever its delta is zero and its map the identity).
 
     rows [R] (optional): the deltas and maps are those of these Gaussians only (the others'
     are zero / the identity); the work is then per changed Gaussian, plus one copy of sh."""
-    if rows is not None:
-        return _apply_color_delta_rows(asset, rows, rgb_delta, rest_map)
-    sh = asset.sh.clone()
-    sh[:, 0, :] = asset.sh[:, 0, :] + (rgb_delta / SH_C0).to(sh)
-    moved = (rgb_delta != 0).any(-1)
-    if rest_map is not None and asset.sh.shape[1] > 1:
-        eye = torch.eye(3, dtype=rest_map.dtype, device=rest_map.device)
-        remapped = (rest_map != eye).flatten(1).any(-1)
-        sh[:, 1:, :] = map_sh_bands(asset.sh[:, 1:, :], rest_map)
-        moved = moved | remapped
-    return write_back(asset, moved, sh=sh)
-
-
-def _apply_color_delta_rows(
-    asset, rows: torch.Tensor, rgb_delta: torch.Tensor, rest_map: torch.Tensor | None
-):
-    """`apply_color_delta` with deltas given for `rows` only (the same values, row by row)."""
-    old = asset.sh[rows]
-    new = old.clone()
-    new[:, 0, :] = old[:, 0, :] + (rgb_delta / SH_C0).to(old)
-    moved = (rgb_delta != 0).any(-1)
-    if rest_map is not None and asset.sh.shape[1] > 1:
-        eye = torch.eye(3, dtype=rest_map.dtype, device=rest_map.device)
-        new[:, 1:, :] = map_sh_bands(old[:, 1:, :], rest_map)
-        moved = moved | (rest_map != eye).flatten(1).any(-1)
-    if not bool(moved.any()):
+    if rows is None:
+        moved = (rgb_delta != 0).any(-1)
+        if rest_map is not None:
+            eye = torch.eye(3, dtype=rest_map.dtype, device=rest_map.device)
+            moved = moved | (rest_map != eye).flatten(1).any(-1)
+        rows = moved.nonzero().flatten()
+        rgb_delta = rgb_delta[rows]
+        rest_map = None if rest_map is None else rest_map[rows]
+    kept_rows, kept_sh = [], []
+    for lo in range(0, rows.numel(), WRITE_BACK_ROWS):  # a block at a time: bounded memory
+        block = slice(lo, lo + WRITE_BACK_ROWS)
+        old = asset.sh[rows[block]]
+        new = old.clone()
+        new[:, 0, :] = old[:, 0, :] + (rgb_delta[block] / SH_C0).to(old)
+        if rest_map is not None and asset.sh.shape[1] > 1:
+            new[:, 1:, :] = map_sh_bands(old[:, 1:, :], rest_map[block])
+        bound = colour_change_bound(old, new)
+        moved = bound >= min_change - ROUNDING_ROOM if min_change > 0 else bound > 0
+        kept_rows.append(rows[block][moved])
+        kept_sh.append(new[moved])
+    kept = torch.cat(kept_rows) if kept_rows else rows
+    if kept.numel() == 0:
         return asset
     sh = asset.sh.clone()
-    sh[rows[moved]] = new[moved]
+    sh[kept] = torch.cat(kept_sh)
     return asset.replace(sh=sh)
 
 

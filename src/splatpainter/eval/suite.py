@@ -94,7 +94,13 @@ from splatpainter.eval.metrics import (
     ssim_map,
 )
 from splatpainter.train import data as train_data
-from splatpainter.train.data import HINT_OF_KIND, KINDS, SequenceSpec, base_colors, make_sequence
+from splatpainter.train.data import (
+    ALL_KINDS,
+    HINT_OF_KIND,
+    SequenceSpec,
+    base_colors,
+    make_sequence,
+)
 
 SCHEMA = "splatpainter-evaluate/2"
 SUITES = ("procedural", "distractor", "capture")
@@ -183,7 +189,7 @@ class EvalConfig:
 
     seeds: tuple[int, ...] = tuple(range(8))
     methods: tuple[str, ...] = DEFAULT_METHODS
-    kinds: tuple[str, ...] = KINDS
+    kinds: tuple[str, ...] = ALL_KINDS
     suites: tuple[str, ...] = DEFAULT_SUITES
     min_gaussians: int = 5000
     max_gaussians: int = 8000
@@ -210,9 +216,9 @@ class EvalConfig:
         bad = [m for m in self.methods if m not in allowed]
         if bad:
             raise EvalError(f"unknown method(s) {bad}; use {','.join(METHODS)}")
-        bad = [k for k in self.kinds if k not in KINDS]
+        bad = [k for k in self.kinds if k not in ALL_KINDS]
         if bad or not self.kinds:
-            raise EvalError(f"unknown edit kind(s) {bad}; use {','.join(KINDS)}")
+            raise EvalError(f"unknown edit kind(s) {bad}; use {','.join(ALL_KINDS)}")
         if self.hint not in HINT_MODES:
             raise EvalError(f"unknown hint mode {self.hint!r}; use {' or '.join(HINT_MODES)}")
         if not 1000 <= self.min_gaussians <= self.max_gaussians:

@@ -296,7 +296,8 @@ def chunked_forward(
     blocks = nn.ModuleList(_Once(b) for b in editor.blocks)
 
     def head_chunks(full, walk):
-        outs, new_state = [], state
+        out: dict[str, torch.Tensor] = {}  # filled chunk by chunk (a cat would hold it twice)
+        new_state = state
         for lo in range(0, n, rows_per_chunk):
             rows = torch.arange(lo, min(n, lo + rows_per_chunk), device=s.colors.device)
             inputs = full.rows(rows)
@@ -307,9 +308,13 @@ def chunked_forward(
             latent = Stage1Latent(row_vox, s.latent.voxel_latent, gfeat, None, None)
             signals = _RowSignals(**vars(_signals_rows(s.signals, rows)), full=s.signals)
             sample = EditSample(latent, s.views, signals, s.colors[rows], s.hint)
-            out, new_state = view([sample], state)
-            outs.append({k: out[0][k] for k in ("rgb", "rest_map", "gate", "mix")})
-        return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}, new_state
+            chunk, new_state = view([sample], state)
+            for k in ("rgb", "rest_map", "gate", "mix"):
+                v = chunk[0][k]
+                if k not in out:
+                    out[k] = v.new_empty((n, *v.shape[1:]))
+                out[k][lo : lo + v.shape[0]] = v
+        return out, new_state
 
     out, new_state = head_chunks(full, walk)
     clock("stage2_head_chunks")

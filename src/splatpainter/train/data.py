@@ -16,7 +16,8 @@ from the first edit camera with a depth test), recolor (one primitive: HSV chang
 transform; in the distractor suite often only the part's share inside a ball or half-space),
 global (colour transform of everything), relight (albedo x (ambient + diffuse max(0, n.l))) and
 detail (the input asset's texture is low-passed over neighbours; the edit puts the high
-frequencies back in a region).
+frequencies back in a region). Not trained on (`EXTRA_KINDS`): brush (a square dab across parts
+on the edit view, the stroke a user paints).
 
 Suites (`SUITES`, `SequenceSpec.suite`, scenes in train/scenes.py): procedural (one object, a
 palette colour per part: colour similarity finds the edited part), distractor (objects with an
@@ -52,10 +53,15 @@ from splatpainter.train.scenes import (
 )
 
 KINDS = ("paint", "recolor", "global", "relight", "detail")
+# Kinds the shipped editor was not trained on, which a sequence may still hold: "brush", a
+# square dab across parts on the edit view (`brush_edit`), the stroke users paint.
+EXTRA_KINDS = ("brush",)
+ALL_KINDS = (*KINDS, *EXTRA_KINDS)
+BRUSH_SIDES = (0.12, 0.35)  # a brush square's side, of the view's width
 # The model's kind hint (one of stage2.EDIT_HINTS) for each kind: recolor covers a part and the
 # whole asset alike.
 HINT_OF_KIND = {"paint": "paint", "recolor": "recolor", "global": "recolor",
-                "relight": "relight", "detail": "detail"}  # fmt: skip
+                "relight": "relight", "detail": "detail", "brush": "paint"}  # fmt: skip
 
 
 class EditDataError(ValueError):
@@ -85,9 +91,9 @@ class SequenceSpec:
             raise EditDataError(f"unknown suite {self.suite!r}; use one of {SUITES}")
         if not 0.0 <= self.partial_prob <= 1.0:
             raise EditDataError("need 0 <= partial_prob <= 1")
-        bad = [k for k in self.kinds if k not in KINDS]
-        if bad or (self.first_kind is not None and self.first_kind not in KINDS):
-            raise EditDataError(f"unknown edit kind(s) {bad or [self.first_kind]}; use {KINDS}")
+        bad = [k for k in self.kinds if k not in ALL_KINDS]
+        if bad or (self.first_kind is not None and self.first_kind not in ALL_KINDS):
+            raise EditDataError(f"unknown edit kind(s) {bad or [self.first_kind]}; use {ALL_KINDS}")
         if not 1 <= self.min_edits <= self.max_edits:
             raise EditDataError("need 1 <= min_edits <= max_edits")
         if not 1000 <= self.min_gaussians <= self.max_gaussians:
@@ -347,6 +353,33 @@ def paint_edit(
         if shape == "patch":
             region &= normals @ n0 > 0.7
     region &= visible  # projected from the edit camera with a depth test
+    return _fill(colors, points, region, gen)
+
+
+def brush_edit(
+    colors: torch.Tensor,
+    points: torch.Tensor,
+    visible: torch.Tensor,
+    camera: Camera,
+    gen: torch.Generator,
+) -> torch.Tensor:
+    """A square dab of a brush on the edit view, as a user paints one: every Gaussian the view
+    shows whose centre falls in a square BRUSH_SIDES of the view's width across, around a
+    visible one, takes a colour or a decal.  It cuts across parts and objects, and a flat colour
+    over a whole part is also what recolouring that part would give: what tells a stroke from a
+    recolour is where its edge runs."""
+    seed = _pick(visible, gen)
+    lo, hi = BRUSH_SIDES
+    half = 0.5 * (lo + (hi - lo) * float(torch.rand(1, generator=gen))) * camera.width
+    uv, _ = camera.project(points)
+    region = visible & ((uv - uv[seed]).abs() <= half).all(-1)
+    return _fill(colors, points, region, gen)
+
+
+def _fill(
+    colors: torch.Tensor, points: torch.Tensor, region: torch.Tensor, gen: torch.Generator
+) -> torch.Tensor:
+    """colors with `region` [N] painted: one random colour, or a two-colour decal in 3D."""
     if float(torch.rand(1, generator=gen)) < 0.6:
         paint = _rand_color(gen).expand_as(colors)
     else:  # a two-colour decal texture in 3D
@@ -390,11 +423,15 @@ def make_edit_full(
     """New colours [N, 3] and SH-band colour map [N, 3, 3] for one edit of `kind` on `colors`.
 
     seq_info: points, normals, primitive_id (-1: floaters, never picked as a part), optional
-    sharp/blurred (detail) and partial_prob (recolours that stop inside a part)."""
+    sharp/blurred (detail), partial_prob (recolours that stop inside a part) and camera (the
+    view a brush paints on)."""
     points, normals, pid = seq_info["points"], seq_info["normals"], seq_info["primitive_id"]
     n = colors.shape[0]
     if kind == "paint":
         return EditResult(paint_edit(colors, points, normals, visible, gen, near), identity_maps(n))
+    if kind == "brush":
+        new = brush_edit(colors, points, visible, seq_info["camera"], gen)
+        return EditResult(new, identity_maps(n))
     if kind in ("recolor", "global"):
         partial = float(seq_info.get("partial_prob", 0.0))
         for _ in range(8):  # redraw transforms that barely change anything
@@ -435,7 +472,7 @@ def make_edit_full(
         region = (points - points[seed]).norm(dim=-1) < r
         new = torch.where(region[:, None], (colors + sharp - blurred).clamp(0, 1), colors)
         return EditResult(new, identity_maps(n))
-    raise EditDataError(f"unknown edit kind {kind!r}; use one of {KINDS}")
+    raise EditDataError(f"unknown edit kind {kind!r}; use one of {ALL_KINDS}")
 
 
 def make_edit(
@@ -504,6 +541,7 @@ def make_sequence(seed: int, spec: SequenceSpec | None = None) -> EditSequence:
             )
         current = source.replace(sh=sh)
         visible = _visible(current, cams[0])
+        info["camera"] = cams[0]  # the view a brush paints on
         near = None
         if kind == "paint" and last_paint is not None and u[2] < spec.overlap_prob:
             close = (points - points[last_paint]).norm(dim=-1) < 0.08
