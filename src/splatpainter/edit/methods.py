@@ -133,9 +133,10 @@ def build_edit_sample(
 
 # Half an 8-bit level: where an edit moves a Gaussian's colour by less than this in every view
 # direction and colour channel, no pixel of any render moves by as much (a pixel is a convex
-# combination of colours, the colour clamp is 1-Lipschitz), and the Gaussian keeps its bits.  Small
-# strokes otherwise nudged a third of an asset by 1e-4, which a session would accumulate, write to
-# files and send to the browser as deltas.  ROUNDING_ROOM keeps float32 renders under the level.
+# combination of colours, the colour clamp is 1-Lipschitz), and the Gaussian keeps its bits.  Under
+# "auto" a stroke otherwise nudged 25-60% of an asset's Gaussians by under 1e-3, which a session
+# would accumulate, write to files and send to the browser as deltas.  ROUNDING_ROOM keeps
+# float32 renders under the level.
 IMPERCEPTIBLE = 0.5 / 255
 ROUNDING_ROOM = 1e-6
 WRITE_BACK_ROWS = 1 << 17  # Gaussians whose new SH apply_color_delta holds at once

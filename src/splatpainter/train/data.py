@@ -366,8 +366,8 @@ def brush_edit(
     """A square dab of a brush on the edit view, as a user paints one: every Gaussian the view
     shows whose centre falls in a square BRUSH_SIDES of the view's width across, around a
     visible one, takes a colour or a decal.  It cuts across parts and objects, and a flat colour
-    over a whole part is also what recolouring that part would give: what tells a stroke from a
-    recolour is where its edge runs."""
+    over the whole of a solid-coloured part is also what recolouring that part would give: there
+    what tells a stroke from a recolour is where its edge runs."""
     seed = _pick(visible, gen)
     lo, hi = BRUSH_SIDES
     half = 0.5 * (lo + (hi - lo) * float(torch.rand(1, generator=gen))) * camera.width
