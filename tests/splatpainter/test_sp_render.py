@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -513,3 +514,66 @@ def test_procedural_asset_orbit_render_is_nontrivial_and_deterministic():
         assert float(d.min()) > 0.2 * dist and float(d.max()) < 2.0 * dist
         ref = render(asset.to(torch.float64), cam, background=(1.0, 1.0, 1.0), backend="reference")
         assert (a.rgb.double() - ref.rgb).abs().max() <= 1e-4
+
+
+def _occluded_scene(seed: int) -> dict[str, torch.Tensor]:
+    """mixed_scene's hard cases behind and among ~3,000 more Gaussians: near-opaque sheets
+    with holes in front, translucent layers, elongated and sub-pixel splats, exact depth ties
+    (copies of one Gaussian) and background pixels nothing ends."""
+    g = torch.Generator().manual_seed(seed)
+    base = mixed_scene(seed, sh_degree=1)
+    n = 3000
+    means = (torch.rand(n, 3, generator=g) - 0.5) * torch.tensor([3.2, 2.4, 2.0])
+    means[:1000, 2] = -0.9 + 0.02 * torch.randn(1000, generator=g)  # a sheet in front
+    means[:1000, 0] *= 0.6  # ... leaving the sides open
+    log_scales = torch.rand(n, 3, generator=g) * -2.5 - 2.0
+    log_scales[:1000, :2] = -1.6  # broad enough to close the sheet
+    log_scales[1000:1200, 0] = -0.5  # elongated
+    logits = torch.randn(n, generator=g) * 2 + 1.5
+    logits[:1000] = 4.0
+    quats = torch.randn(n, 4, generator=g)
+    means[2900:] = means[2800:2900]  # exact copies: equal depths, the index decides
+    quats[2900:], log_scales[2900:] = quats[2800:2900], log_scales[2800:2900]
+    sh = torch.randn(n, 4, 3, generator=g) * 0.4
+    extra = {"means": means, "quats": quats, "log_scales": log_scales,
+             "opacity_logits": logits, "sh": sh}  # fmt: skip
+    return {k: torch.cat([base[k], extra[k]]) for k in NAMES}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("sample_per_pixel", [0.05, 0.3, 2.0])
+def test_occlusion_cull_changes_no_bit(monkeypatch, seed, sample_per_pixel):
+    """The passes without gradients drop the Gaussians no pixel's compositing reaches before
+    binning (`numba_backend._front_bins`); weights, sums, the preprocessing render and the
+    compositing entries are those of the plain pass bit for bit, whatever the occluder
+    sample's density, and the cull does drop Gaussians."""
+    from splatpainter.assets import GaussianAsset
+    from splatpainter.camera import Camera
+    from splatpainter.render import compositing_weights, numba_backend, splat_sums
+    from splatpainter.render.api import _numba_projection, render_and_weights
+
+    asset = GaussianAsset(**_occluded_scene(seed))
+    cam = Camera(width=W, height=H, fx=70.0, fy=66.0, cx=32.0, cy=24.0, world_to_cam=_w2c())
+    t = torch.rand(H, W, 4, generator=torch.Generator().manual_seed(seed))
+
+    def passes():
+        (out, w), s = render_and_weights(asset, cam), splat_sums(asset, cam, t)
+        e = compositing_weights(asset, cam)
+        return [out.rgb, out.alpha, out.depth, w, s, e.pixel, e.gaussian, e.weight]
+
+    monkeypatch.setattr(numba_backend, "CULL_MIN_PER_PIXEL", 10**9)
+    plain = passes()
+    monkeypatch.setattr(numba_backend, "CULL_MIN_PER_PIXEL", 1)
+    monkeypatch.setattr(numba_backend, "CULL_SAMPLE_PER_PIXEL", sample_per_pixel)
+    culled = passes()
+    for a, b in zip(plain, culled, strict=True):
+        assert torch.equal(a, b)
+    assert plain[3].count_nonzero() > 100  # weights: much is drawn ...
+    proj, op = _numba_projection(asset, cam)
+    z = np.zeros((asset.num_gaussians, 3), np.float32)
+    args = (proj.means2d, proj.conics, z, op, proj.depths, proj.extents, W, H)
+    plain_hit = numba_backend._bins_and_rows(*args)[2]
+    front_hit = numba_backend._bins_and_rows(*args, cull=True)[2]
+    assert np.isin(front_hit, plain_hit).all()
+    if sample_per_pixel >= 0.3:
+        assert len(front_hit) < 0.7 * len(plain_hit)  # ... and much is dropped

@@ -189,12 +189,17 @@ def _rows(my, ey, y_lo, y_hi):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _runs(mx, ex, x_lo, x_hi):  # pragma: no cover - compiled
-    """Lane runs [r0, r1) of the tile (``x_lo + r * LANES``) that the x extent reaches."""
+def _cols(mx, ex, x_lo, x_hi):  # pragma: no cover - compiled
+    """Columns [p0, p1) whose pixel centres are within ``ex`` of ``mx`` (and in [x_lo, x_hi))."""
     c = np.float64(mx)
     e = np.float64(ex)
-    p0 = max(int(np.ceil(c - e - 0.5)), x_lo)
-    p1 = min(int(np.floor(c + e - 0.5)) + 1, x_hi)
+    return max(int(np.ceil(c - e - 0.5)), x_lo), min(int(np.floor(c + e - 0.5)) + 1, x_hi)
+
+
+@njit(cache=True, inline="always")
+def _runs(mx, ex, x_lo, x_hi):  # pragma: no cover - compiled
+    """Lane runs [r0, r1) of the tile (``x_lo + r * LANES``) that the x extent reaches."""
+    p0, p1 = _cols(mx, ex, x_lo, x_hi)
     if p1 <= p0:
         return 0, 0
     return (p0 - x_lo) // LANES, (p1 - 1 - x_lo) // LANES + 1
@@ -706,3 +711,109 @@ def raster_weights(rows, ids, offsets, width, height, tile, tiles_x, thr, n_thr,
     pix, m, w = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.float32)
     _weights_pass(*args, starts, pix, m, w, True)
     return pix, m, w, total
+
+
+# ------------------------------------------------------------------------- occlusion culling
+@njit(cache=True, inline="always")
+def _stops_run(
+    st, j, xs, r, stop, m, mx, dy, cdy, ca, cb, op, amax, amin, tmin
+):  # pragma: no cover
+    """One Gaussian over one run of LANES pixels, front to back with the forward's rules:
+    the list entry ``m`` recorded in ``stop`` where it ends a pixel (its transmittance would
+    fall under the cut-off)."""
+    row = st[j]
+    xr = xs[r]
+    srow = stop[j]
+    for ln in range(LANES):
+        before = row[_S_LIVE * LANES + ln]
+        _, t, live, _ = _composite(
+            ca, cb, mx - xr[ln], dy, cdy, op, row[_S_T * LANES + ln], before, amax, amin, tmin
+        )
+        row[_S_T * LANES + ln] = t
+        row[_S_LIVE * LANES + ln] = live
+        srow[ln] = m if (before > _ZERO) & (live == _ZERO) else srow[ln]
+
+
+@njit(cache=True, fastmath=_FLAGS)
+def _stops_tile(
+    rows, ids, start, end, x_lo, y_lo, x_hi, y_hi, n_runs, thr, st, xs, live_rows, stop
+):  # pragma: no cover
+    """``raster_stops`` of one tile into ``stop`` [rows * runs, LANES]."""
+    amax, amin, tmin = thr[0], thr[1], thr[2]
+    nh = y_hi - y_lo
+    _pixel_centres(xs, x_lo, n_runs)
+    _start_weight_rows(st, x_lo, x_hi, nh, n_runs, live_rows)
+    for j in range(nh * n_runs):
+        for ln in range(LANES):
+            stop[j, ln] = -1
+    n_live = nh
+    for m in range(start, end):
+        if n_live == 0:
+            break
+        g = ids[m]
+        if rows[g, 11] < 0.0:
+            continue
+        mx, my, y0, y1, r0, r1, ca, cb, cc, _, _, _, op, _ = _gaussian(
+            rows, g, x_lo, y_lo, x_hi, y_hi
+        )
+        for py in range(y0, y1):
+            iy = py - y_lo
+            if live_rows[iy] == 0 or r1 <= r0:
+                continue
+            dy = my - (_F(py) + _HALF)
+            cdy = cc * dy * dy
+            for r in range(r0, r1):
+                _stops_run(st, iy * n_runs + r, xs, r, stop, m, mx, dy, cdy, ca, cb, op,
+                           amax, amin, tmin)  # fmt: skip
+        if (m - start) % _CHECK == _CHECK - 1:  # as the forward: stop once every pixel has
+            n_live = _recount_live(st, _S_LIVE, nh, n_runs, live_rows)
+
+
+@njit(parallel=True, cache=True)
+def raster_stops(rows, ids, offsets, width, height, tile, tiles_x, thr, n_thr):  # pragma: no cover
+    """int64 [H, W]: the list entry (a slot of ``ids``) at which each pixel's front-to-back
+    compositing ends, its transmittance about to fall under the cut-off (-1: it never does),
+    with the forward's rules and roundings."""
+    out = np.empty((height, width), dtype=np.int64)
+    n_tiles = offsets.shape[0] - 1
+    n_runs = (tile + LANES - 1) // LANES
+    for k in prange(((n_tiles + n_thr - 1) // n_thr) * n_thr):
+        t = _interleaved_tile(k, n_tiles, n_thr)
+        if t < 0:
+            continue
+        x_lo, y_lo, x_hi, y_hi = _tile_box(t, tiles_x, tile, width, height)
+        st = np.empty((tile * n_runs, _S_NQ * LANES), dtype=np.float32)
+        xs = np.empty((n_runs, LANES), dtype=np.float32)
+        live_rows = np.empty(tile, dtype=np.int64)
+        stop = np.empty((tile * n_runs, LANES), dtype=np.int64)
+        _stops_tile(rows, ids, offsets[t], offsets[t + 1], x_lo, y_lo, x_hi, y_hi, n_runs, thr,
+                    st, xs, live_rows, stop)  # fmt: skip
+        for py in range(y_lo, y_hi):
+            for px in range(x_lo, x_hi):
+                j = (py - y_lo) * n_runs + (px - x_lo) // LANES
+                out[py, px] = stop[j, (px - x_lo) % LANES]
+    return out
+
+
+@njit(parallel=True, cache=True)
+def reaches_front(rows, keys, stop_keys, width, height):  # pragma: no cover
+    """bool [R]: whether row ``g`` (``_kernels.gaussian_rows``) has a pixel of its footprint
+    whose compositing has not ended before it, that is whose ``stop_keys`` [H, W] (the
+    (depth, index) key of the Gaussian that ends it, int64 max where none does) is at least
+    the row's own key ``keys[g]``.  A row without one is never drawn."""
+    n = rows.shape[0]
+    out = np.zeros(n, dtype=np.bool_)
+    for g in prange(n):
+        if rows[g, 11] < 0.0:
+            continue
+        y0, y1 = _rows(rows[g, 1], rows[g, 11], 0, height)
+        p0, p1 = _cols(rows[g, 0], rows[g, 10], 0, width)
+        key = keys[g]
+        found = False
+        for py in range(y0, y1):
+            for px in range(p0, p1):
+                found = found or stop_keys[py, px] >= key
+            if found:
+                break
+        out[g] = found
+    return out

@@ -201,28 +201,80 @@ def bin_tiles(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Tile offsets [T+1], flat slots (each tile's list in (depth, index) order), the hit
     Gaussians (``hit[slot]`` is a Gaussian's index) and the number of tile columns."""
+    ext = np.ascontiguousarray(extents.detach().cpu().numpy().astype(np.int32, copy=False))
+    return _bin(_np32(means2d), ext, _np32(depths).view(np.uint32), width, height)
+
+
+def _bin(means2d: np.ndarray, ext: np.ndarray, depth_bits: np.ndarray, width: int, height: int):
+    """``bin_tiles`` of numpy arrays (``depth_bits``: float32 depths viewed as uint32)."""
     tile = project.TILE
     tiles_x = (width + tile - 1) // tile
     tiles_y = (height + tile - 1) // tile
-    ext = np.ascontiguousarray(extents.detach().cpu().numpy().astype(np.int32, copy=False))
-    depth_bits = _np32(depths).view(np.uint32)
-    offsets, slots, hit = _kernels.bin_gaussians(
-        _np32(means2d), ext, depth_bits, tile, tiles_x, tiles_y
-    )
+    offsets, slots, hit = _kernels.bin_gaussians(means2d, ext, depth_bits, tile, tiles_x, tiles_y)
     return offsets, slots, hit, tiles_x
 
 
+# The passes without gradients (weights, sums, a preprocessing render) first drop the Gaussians
+# that no pixel can reach (`_front_bins`) when at least this many are drawn per pixel (a low-
+# resolution view of a large asset: 1M Gaussians in 48 x 48 is 440 a pixel, of which 12%
+# reach a pixel); the occluder sample holds about a sixteenth of that many per pixel.
+CULL_MIN_PER_PIXEL = 32
+CULL_SAMPLE_PER_PIXEL = 16
+
+
 def _bins_and_rows(
-    means2d, conics, colors: np.ndarray, opacities, depths, extents, w: int, h: int, bins=None
-):
+    means2d, conics, colors: np.ndarray, opacities, depths, extents, w: int, h: int, bins=None,
+    cull: bool = False,
+):  # fmt: skip
     """``bin_tiles``' lists (or ``bins``, those of this geometry already) and the hit
-    Gaussians' compositing rows (``gaussian_rows``)."""
-    offsets, ids, hit, tiles_x = bin_tiles(means2d, extents, depths, w, h) if bins is None else bins
-    rows = _kernels.gaussian_rows(
-        hit, _np32(means2d), _np32(conics), colors, _np32(opacities), _np32(depths),
-        float(project.ALPHA_MIN),
-    )  # fmt: skip
+    Gaussians' compositing rows (``gaussian_rows``).  ``cull``: lists of only the Gaussians
+    that can reach a pixel (``_front_bins``), where that is worth it; a pass without
+    gradients then composites the same Gaussians in the same order, to the bit."""
+    arrays = (_np32(means2d), _np32(conics), colors, _np32(opacities), _np32(depths))
+    front = _front_bins(*arrays, extents, w, h) if cull and bins is None else None
+    if front is not None:
+        bins = front
+    elif bins is None:
+        bins = bin_tiles(means2d, extents, depths, w, h)
+    offsets, ids, hit, tiles_x = bins
+    rows = _kernels.gaussian_rows(hit, *arrays, float(project.ALPHA_MIN))
     return offsets, ids, hit, tiles_x, rows
+
+
+def _front_bins(m2, conics, colors, opacities, depths, extents, w: int, h: int):
+    """``bin_tiles`` of only the Gaussians that some pixel's compositing reaches (None when
+    fewer than ``CULL_MIN_PER_PIXEL`` are drawn per pixel: not worth a second pass).
+
+    An evenly strided sample of the drawn Gaussians is composited first, recording where each
+    pixel's compositing ends (``_kernels_lanes.raster_stops``).  All Gaussians composited,
+    each pixel's transmittance before any Gaussian is at most the sample's (more factors, each
+    at most one, and rounding is monotone), so it ends at the same Gaussian or earlier.  A
+    Gaussian that comes after the sample's end, in (depth, index) order, at every pixel of its
+    footprint is therefore never drawn (``reaches_front``), and dropping it changes nothing:
+    the others keep their order, their transmittances and their tile lists' order."""
+    ext = np.ascontiguousarray(extents.detach().cpu().numpy().astype(np.int32, copy=False))
+    drawn = np.flatnonzero(ext[:, 0] > 0)
+    if drawn.size < CULL_MIN_PER_PIXEL * w * h:
+        return None
+    bits = depths.view(np.uint32)
+    rows = _kernels.gaussian_rows(
+        drawn, m2, conics, colors, opacities, depths, float(project.ALPHA_MIN)
+    )
+    keys = (bits[drawn].astype(np.int64) << 32) | drawn  # the lists' (depth, index) order
+    step = max(2, int(drawn.size // (CULL_SAMPLE_PER_PIXEL * w * h)))
+    sample = drawn[::step]
+    s_offsets, s_ids, s_hit, tiles_x = _bin(m2[sample], ext[sample], bits[sample], w, h)
+    stops = _kernels_lanes.raster_stops(
+        rows[::step][s_hit], s_ids, s_offsets, w, h, project.TILE, tiles_x, raster_thresholds(),
+        numba.get_num_threads(),
+    )  # fmt: skip
+    ended = stops >= 0
+    stop_keys = np.full(stops.shape, np.iinfo(np.int64).max, dtype=np.int64)
+    g = sample[s_hit[s_ids[stops[ended]]]]
+    stop_keys[ended] = (bits[g].astype(np.int64) << 32) | g
+    front = drawn[_kernels_lanes.reaches_front(rows, keys, stop_keys, w, h)]
+    offsets, ids, hit, tiles_x = _bin(m2[front], ext[front], bits[front], w, h)
+    return offsets, ids, front[hit], tiles_x
 
 
 def _gaussian_sums(offsets, ids, hit, tiles_x, rows, w: int, h: int, targets, n: int):
@@ -335,7 +387,9 @@ def splat_sums_numba(
 def _uncoloured_bins(means2d, conics, opacities, depths, extents, width: int, height: int):
     """``_bins_and_rows`` for the passes that read weights only (the colours zero)."""
     zeros = np.zeros((means2d.shape[0], 3), np.float32)
-    return _bins_and_rows(means2d, conics, zeros, opacities, depths, extents, width, height)
+    return _bins_and_rows(
+        means2d, conics, zeros, opacities, depths, extents, width, height, cull=True
+    )
 
 
 def rasterize_and_weights_numba(
@@ -354,7 +408,7 @@ def rasterize_and_weights_numba(
     gradients: a preprocessing view at 1M Gaussians bins them once, not twice."""
     n = means2d.shape[0]
     offsets, ids, hit, tiles_x, rows = _bins_and_rows(
-        means2d, conics, _np32(colors), opacities, depths, extents, width, height
+        means2d, conics, _np32(colors), opacities, depths, extents, width, height, cull=True
     )
     rgb, alpha, depth, _, _ = _kernels_lanes.raster_forward(
         rows, ids, offsets, width, height, project.TILE, tiles_x, _np32(background),
