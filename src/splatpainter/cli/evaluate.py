@@ -51,10 +51,11 @@ def evaluate(
         "diffusion_centred (the seen Gaussians on the solve centred on the map), and the "
         "ablations model_kind (told the true kind), model_init (no learned weights)",
     ),
-    kinds: str = typer.Option(
-        "paint,recolor,global,relight,detail,brush",
+    kinds: str | None = typer.Option(
+        None,
         metavar="LIST",
-        help="comma list of edit kinds (brush: a square dab across parts, not trained on)",
+        help="comma list of paint, recolor, global, relight, detail, brush (a square dab across "
+        "parts, not trained on) (default: all six)",
     ),
     as_json: JsonFlag = False,
     out: Path = typer.Option(Path("out/evaluate"), help="folder for grid PNGs and report.json"),
@@ -92,7 +93,7 @@ def evaluate(
     config = EvalConfig(
         seeds=parse_seeds(seeds),
         methods=parse_names(methods, METHODS, "methods"),
-        kinds=parse_names(kinds, ALL_KINDS, "kinds"),
+        kinds=ALL_KINDS if kinds is None else parse_names(kinds, ALL_KINDS, "kinds"),
         suites=DEFAULT_SUITES if suites is None else parse_names(suites, SUITES, "suites"),
         min_gaussians=lo,
         max_gaussians=hi,

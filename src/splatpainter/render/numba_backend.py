@@ -201,8 +201,11 @@ def bin_tiles(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Tile offsets [T+1], flat slots (each tile's list in (depth, index) order), the hit
     Gaussians (``hit[slot]`` is a Gaussian's index) and the number of tile columns."""
-    ext = np.ascontiguousarray(extents.detach().cpu().numpy().astype(np.int32, copy=False))
-    return _bin(_np32(means2d), ext, _np32(depths).view(np.uint32), width, height)
+    return _bin(_np32(means2d), _extents(extents), _np32(depths).view(np.uint32), width, height)
+
+
+def _extents(extents: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(extents.detach().cpu().numpy().astype(np.int32, copy=False))
 
 
 def _bin(means2d: np.ndarray, ext: np.ndarray, depth_bits: np.ndarray, width: int, height: int):
@@ -231,17 +234,17 @@ def _bins_and_rows(
     that can reach a pixel (``_front_bins``), where that is worth it; a pass without
     gradients then composites the same Gaussians in the same order, to the bit."""
     arrays = (_np32(means2d), _np32(conics), colors, _np32(opacities), _np32(depths))
-    front = _front_bins(*arrays, extents, w, h) if cull and bins is None else None
-    if front is not None:
-        bins = front
-    elif bins is None:
-        bins = bin_tiles(means2d, extents, depths, w, h)
+    if bins is None:
+        ext = _extents(extents)
+        bins = _front_bins(*arrays, ext, w, h) if cull else None
+        if bins is None:
+            bins = _bin(arrays[0], ext, arrays[4].view(np.uint32), w, h)
     offsets, ids, hit, tiles_x = bins
     rows = _kernels.gaussian_rows(hit, *arrays, float(project.ALPHA_MIN))
     return offsets, ids, hit, tiles_x, rows
 
 
-def _front_bins(m2, conics, colors, opacities, depths, extents, w: int, h: int):
+def _front_bins(m2, conics, colors, opacities, depths, ext: np.ndarray, w: int, h: int):
     """``bin_tiles`` of only the Gaussians that some pixel's compositing reaches (None when
     fewer than ``CULL_MIN_PER_PIXEL`` are drawn per pixel: not worth a second pass).
 
@@ -252,7 +255,6 @@ def _front_bins(m2, conics, colors, opacities, depths, extents, w: int, h: int):
     Gaussian that comes after the sample's end, in (depth, index) order, at every pixel of its
     footprint is therefore never drawn (``reaches_front``), and dropping it changes nothing:
     the others keep their order, their transmittances and their tile lists' order."""
-    ext = np.ascontiguousarray(extents.detach().cpu().numpy().astype(np.int32, copy=False))
     drawn = np.flatnonzero(ext[:, 0] > 0)
     if drawn.size < CULL_MIN_PER_PIXEL * w * h:
         return None
