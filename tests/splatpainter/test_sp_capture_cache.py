@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from splatpainter.assets.gaussians import GaussianAsset
 from splatpainter.camera import orbit_cameras
 from splatpainter.edit import EditView, ModelMethod
 from splatpainter.model.editor import load_editor
+from splatpainter.model.graph import knn as graph_knn
 from splatpainter.model.stage2 import recolor_share
 from splatpainter.render import render, splat_weights
 from splatpainter.render.api import render_and_weights
@@ -121,15 +123,74 @@ def test_nearest_in_balls_of_the_kernel_equals_the_torch_reference():
 
 
 def test_anchor_counts_by_bitmap_equal_unique(monkeypatch):
-    from splatpainter.model import graph
+    """The compiled occupancy count is torch's count of distinct cells, and the anchors it
+    picks are those that count picks."""
+    from splatpainter.model import _kernels, graph
 
-    lin = torch.randint(0, 5000, (20000,), generator=torch.Generator().manual_seed(2))
-    assert graph._occupied(lin, 5000) == int(torch.unique(lin).numel())
-    assert graph._occupied(lin, 1 << 26) == int(torch.unique(lin).numel())
+    # points beyond the grid on either side are clamped into its edge cells
+    p = torch.rand(20000, 3, generator=torch.Generator().manual_seed(2)) * 3 - 1
+    lo = torch.zeros(3, dtype=torch.float64)
+    for g in (1, 7, 64, 200):
+        cell = 1.0 / g
+        ijk = ((p.double() - lo) / cell).floor().long().clamp(0, g - 1)
+        want = int(torch.unique((ijk[:, 0] * g + ijk[:, 1]) * g + ijk[:, 2]).numel())
+        assert _kernels.occupied_cells(p, lo, cell, g) == want
     means = tiled(800, 2).means
     got = graph.anchor_subsample(means, 300)
-    monkeypatch.setattr(graph, "_occupied", lambda lin, cells: int(torch.unique(lin).numel()))
+
+    def by_unique(points, lo, cell, g):
+        ijk = ((points.double() - lo) / cell).floor().long().clamp(0, g - 1)
+        return int(torch.unique((ijk[:, 0] * g + ijk[:, 1]) * g + ijk[:, 2]).numel())
+
+    monkeypatch.setattr(graph, "occupied_cells", by_unique)
     assert torch.equal(got, graph.anchor_subsample(means, 300))
+
+
+def _brute_knn(q, p, k, exclude_self):
+    d = ((q[:, None, :] - p[None]) ** 2).sum(-1)
+    if exclude_self:
+        np.fill_diagonal(d, np.inf)
+    d = np.pad(d, ((0, 0), (0, max(0, k - p.shape[0]))), constant_values=np.inf)
+    idx = np.stack([np.lexsort((np.arange(d.shape[1]), row))[:k] for row in d])
+    dist = np.take_along_axis(d, idx, 1)
+    return np.where(np.isinf(dist), -1, idx), dist
+
+
+@pytest.mark.parametrize(
+    "shape", ["uniform", "plane", "duplicates", "lattice", "far_clusters", "line", "tiny"]
+)
+def test_grid_knn_is_the_exact_k_nearest_ties_to_the_lower_index(shape):
+    """The compiled grid search (`_kernels.grid_knn`, behind graph.knn and graph.nearest)
+    against brute force, bit for bit: exact ties (duplicates, lattice points), a surface, a
+    line, clusters far apart with queries between them (the search widens ring by ring, then
+    scans every cell), and fewer points than k (padded with -1 and inf)."""
+    from splatpainter.model._kernels import grid_knn
+
+    rng = np.random.default_rng(7)
+    p = {
+        "uniform": rng.random((900, 3)),
+        "plane": np.c_[rng.random((900, 2)), np.zeros(900)],
+        "duplicates": np.repeat(rng.random((120, 3)), 7, 0),
+        "lattice": rng.integers(0, 5, (600, 3)) / 4.0,
+        "far_clusters": np.r_[rng.random((300, 3)) * 0.01, rng.random((300, 3)) * 0.01 + 5],
+        "line": np.c_[np.linspace(0, 1, 500), np.zeros(500), np.zeros(500)],
+        "tiny": rng.random((6, 3)),
+    }[shape]
+    q = np.r_[rng.random((250, 3)) * 1.4 - 0.2, p[:50] + 1e-3]
+    for k in (1, 10, 16):
+        idx, d2 = grid_knn(p, p, k, exclude_self=True)
+        want_idx, want_d2 = _brute_knn(p, p, k, True)
+        assert np.array_equal(idx, want_idx) and np.array_equal(d2, want_d2)
+        idx, d2 = grid_knn(q, p, k)
+        want_idx, want_d2 = _brute_knn(q, p, k, False)
+        assert np.array_equal(idx, want_idx) and np.array_equal(d2, want_d2)
+
+
+def test_knn_graph_pads_missing_neighbours_with_self_loops():
+    p = torch.rand(4, 3, generator=torch.Generator().manual_seed(5))
+    idx, dist = graph_knn(p, 6)
+    assert bool((idx[:, 3:] == torch.arange(4)[:, None]).all())
+    assert bool((dist[:, 3:] == 0).all()) and bool((dist[:, :3] > 0).all())
 
 
 # ------------------------------------------------------------------------- the affinity cache
