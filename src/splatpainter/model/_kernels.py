@@ -190,17 +190,23 @@ GRID_POINTS_PER_CELL = 5.0  # the grid's occupied cells hold about this many poi
 GRID_COUNTED_SIDE = 512  # the finest grid whose occupancy is counted (a 16 MB bitmap)
 
 
+@njit(cache=True, inline="always")
+def _cell_key(points, i, lo, cell, g):  # pragma: no cover
+    """The linear id of the cell floor((p - lo) / cell) of point i, clamped to [0, g - 1]."""
+    key = 0
+    for a in range(3):
+        key = key * g + min(max(math.floor((points[i, a] - lo[a]) / cell), 0), g - 1)
+    return key
+
+
 @njit(cache=True)
 def _occupied_cells(points, lo, cell, g):  # pragma: no cover
-    """The number of distinct cells floor((p - lo) / cell), clamped to [0, g - 1], of points:
-    a bitmap of the g^3 cells (the caller keeps g^3 small)."""
+    """The number of distinct cells (`_cell_key`) of points: a bitmap of the g^3 cells (the
+    caller keeps g^3 small)."""
     bits = np.zeros(((g * g * g) >> 6) + 1, dtype=np.uint64)
     count = 0
     for i in range(points.shape[0]):
-        key = 0
-        for a in range(3):
-            c = min(max(math.floor((points[i, a] - lo[a]) / cell), 0), g - 1)
-            key = key * g + c
+        key = _cell_key(points, i, lo, cell, g)
         w, b = key >> 6, np.uint64(1) << np.uint64(key & 63)
         if bits[w] & b == 0:
             bits[w] |= b
@@ -220,11 +226,7 @@ def occupied_cells(points: torch.Tensor, lo: torch.Tensor, cell: float, g: int) 
 def _cell_keys(points, lo, cell, g):  # pragma: no cover
     keys = np.empty(points.shape[0], dtype=np.int64)
     for i in range(points.shape[0]):
-        key = 0
-        for a in range(3):
-            c = min(max(math.floor((points[i, a] - lo[a]) / cell), 0), g - 1)
-            key = key * g + c
-        keys[i] = key
+        keys[i] = _cell_key(points, i, lo, cell, g)
     return keys
 
 
@@ -368,6 +370,14 @@ def _grid_side(p: np.ndarray, lo: np.ndarray, extent: float, per_cell: float) ->
     return a
 
 
+def _by_cell(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The order that sorts points by cell key [N], the occupied keys [C] ascending and where
+    each one's points start in that order [C + 1] (the last: N)."""
+    order = np.argsort(keys, kind="stable")
+    occupied, first = np.unique(keys[order], return_index=True)
+    return order, occupied, np.append(first, keys.shape[0]).astype(np.int64)
+
+
 def grid_knn(
     queries: np.ndarray, points: np.ndarray, k: int, exclude_self: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -390,19 +400,11 @@ def grid_knn(
     extent = float((both.max(0) - lo).max()) or 1.0
     g = _grid_side(p, lo, extent, GRID_POINTS_PER_CELL)
     cell = extent / g * (1 + 1e-9)  # every point inside the grid without clamping
-    pkeys = _cell_keys(p, lo, cell, g)
-    porder = np.argsort(pkeys, kind="stable")
-    sorted_keys = pkeys[porder]
-    ukeys, first = np.unique(sorted_keys, return_index=True)
-    ustarts = np.append(first, p.shape[0]).astype(np.int64)
+    porder, ukeys, ustarts = _by_cell(_cell_keys(p, lo, cell, g))
     if exclude_self:
-        qorder, qsorted = porder, sorted_keys
+        qorder, gkeys, gstarts = porder, ukeys, ustarts
     else:
-        qkeys = _cell_keys(q, lo, cell, g)
-        qorder = np.argsort(qkeys, kind="stable")
-        qsorted = qkeys[qorder]
-    gkeys, gfirst = np.unique(qsorted, return_index=True)
-    gstarts = np.append(gfirst, nq).astype(np.int64)
+        qorder, gkeys, gstarts = _by_cell(_cell_keys(q, lo, cell, g))
     return _grid_knn(
         q, np.ascontiguousarray(p[porder]), porder, ukeys, ustarts, qorder, gkeys, gstarts,
         lo, cell, g, int(k), bool(exclude_self),
