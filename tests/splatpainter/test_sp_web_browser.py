@@ -125,6 +125,14 @@ def test_orbit_paint_apply_undo_export(playwright_api, server, tmp_path):
             sx0, sx1, sy = SIZE // 2 - 70, SIZE // 2 + 70, SIZE // 2
             drag(page, [(x0 + x, y0 + sy) for x in range(sx0, sx1 + 1, 10)], pause_ms=5)
             assert page.evaluate("sp.hasPaint")
+            # under Kind "auto" (the default) brush strokes alone apply as paint; with a colour
+            # adjustment as well the model decides
+            assert page.evaluate("$('kind').value") == "auto"
+            assert page.evaluate("applyKind()") == "paint"
+            page.locator("#hsv-s").fill("1.5")
+            assert page.evaluate("applyKind()") == "auto"
+            page.locator("#hsv-s").fill("1")
+            assert page.evaluate("applyKind()") == "paint"
             # paint not yet applied survives a reload (kept in the browser with its view)
             page.reload()
             wait_ready(page, "sp.hasPaint")
@@ -177,7 +185,7 @@ def test_orbit_paint_apply_undo_export(playwright_api, server, tmp_path):
             wait_ready(page, "document.body.dataset.entry === '1'")
             # the history list: the loaded asset, then the edit (current)
             items = page.locator("#history li")
-            assert items.count() == 2 and "model" in items.nth(1).inner_text()
+            assert items.count() == 2 and "model (paint)" in items.nth(1).inner_text()
             assert "current" in (items.nth(1).get_attribute("class") or "")
 
             # reload continues the same session, at the same view

@@ -168,6 +168,14 @@ const tool = () => document.querySelector("input[name=tool]:checked").value;
 const hsv = () => ({ h: +$("hsv-h").value, s: +$("hsv-s").value, v: +$("hsv-v").value, scope: $("hsv-scope").value });
 const hsvActive = () => { const a = hsv(); return a.h !== 0 || a.s !== 1 || a.v !== 1; };
 const hasEdits = () => sp.hasPaint || !!sp.edited || hsvActive();
+// The kind an apply sends: the Kind menu's, except that under "auto" an edit of brush strokes
+// alone (no colour adjustment, no uploaded image) is paint.  The page knows the tool; the model
+// under "auto" reads a flat stroke across parts as a recolour and spreads it (6-9 dB below
+// "paint" on evaluate's brush dabs, docs/splatpainter.md).  Choose a kind to override.
+const applyKind = () => {
+  const k = $("kind").value;
+  return k === "auto" && sp.hasPaint && !sp.edited && !hsvActive() ? "paint" : k;
+};
 const locked = () => hasEdits() || sp.hasMask;
 
 const baseCurrent = () => !!sp.base && sp.baseEpoch === sp.epoch && sameView(sp.baseView, sp.view);
@@ -746,7 +754,7 @@ async function applyEdit() {
     image: work.toDataURL("image/png"),
     mask: null,
     method: $("method").value,
-    kind: $("kind").value,
+    kind: applyKind(),
   };
   if ($("limit-selection").checked) body.selection_only = true;
   if (sp.hasMask) {
@@ -784,7 +792,8 @@ async function applyEdit() {
       status(`the edit changed no Gaussian (${body.method}); nothing was added to the history`);
     } else {
       const last = info.history[info.index];
-      status(`applied with ${body.method} in ${info.seconds.toFixed(2)} s: ${last.changed_gaussians} Gaussians changed`);
+      const as = body.method === "model" && body.kind !== $("kind").value ? ` as ${body.kind} (brush strokes)` : "";
+      status(`applied with ${body.method}${as} in ${info.seconds.toFixed(2)} s: ${last.changed_gaussians} Gaussians changed`);
     }
   } catch (e) {
     if (sid !== sp.sid) return;
