@@ -91,9 +91,7 @@ def test_faint_normals_by_cells_equal_the_all_pairs_call_on_clustered_points():
     exact = orient_by_neighbours(normals.double(), means.double(), trusted, log_scales.double())
     flip = (exact * normals.double()).sum(-1) < 0
     ref = torch.where(flip[:, None], -normals, normals)
-    for chunk in (65536, 333):
-        got = orient_faint_locally(normals, means, trusted, log_scales, chunk=chunk)
-        assert torch.equal(got, ref)
+    assert torch.equal(orient_faint_locally(normals, means, trusted, log_scales), ref)
     assert int(flip.sum()) > 100
     rounded = orient_by_neighbours(normals, means, trusted, log_scales)
     assert int((rounded != ref).any(1).sum()) <= 3
@@ -120,6 +118,41 @@ def test_nearest_in_balls_of_the_kernel_equals_the_torch_reference():
     got, ref = nearest_in_balls(*args), nearest_in_balls_reference(*args)
     assert torch.equal(got, ref)
     assert bool((got == -1).any()) and bool((got[:, 0] >= 0).all())
+
+
+def test_sheet_flips_of_the_kernel_equal_sheet_vote_in_float64():
+    """Which faint normals their neighbours turn: the kernel against `hypotheses.sheet_vote` on
+    float64 tensors, bit for bit, on sheets whose neighbours straddle both of the rule's
+    thresholds (|cos| near 0.8, offset near the reach); padding (-1) at a row's end counts as
+    no neighbour, as a shorter row would."""
+    from splatpainter.model._kernels import sheet_flips
+    from splatpainter.model.hypotheses import sheet_vote
+
+    g = torch.Generator().manual_seed(5)
+    n, k = 4000, 16
+    means = torch.rand(n, 3, generator=g) * torch.tensor([1.0, 1.0, 0.02])
+    tilt = torch.randn(n, 3, generator=g) * torch.tensor([0.75, 0.75, 0.0])
+    normals = torch.nn.functional.normalize(torch.tensor([0.0, 0.0, 1.0]) + tilt, dim=-1)
+    normals = normals * torch.where(torch.rand(n, 1, generator=g) < 0.4, -1.0, 1.0)
+    log_scales = torch.randn(n, 3, generator=g) - 6
+    rows = torch.randperm(n, generator=g)[:1500]
+    near = torch.randint(0, n, (rows.numel(), k), generator=g)
+    kept = torch.randint(0, k + 1, (rows.numel(),), generator=g)
+    kept[:800] = k
+    near[torch.arange(k) >= kept[:, None]] = -1
+    got = sheet_flips(rows, near, normals, means, log_scales)
+    n64, m64, s64 = normals.double(), means.double(), log_scales.double()
+    want = torch.zeros(rows.numel(), dtype=torch.bool)
+    for c in range(1, k + 1):  # rows with c neighbours, by the torch rule
+        at = (kept == c).nonzero().squeeze(1)
+        r, j = rows[at], near[at, :c]
+        dist = (m64[j] - m64[r][:, None, :]).norm(dim=-1)
+        voted = sheet_vote(n64[r], m64[r], s64[r], n64[j], m64[j], dist)
+        want[at] = (voted != n64[r]).any(1)
+    assert torch.equal(got, want)
+    assert 200 < int(got.sum()) < 1300  # the votes go both ways
+    cos = (n64[near[:800].clamp_min(0)] * n64[rows[:800]][:, None]).sum(-1).abs()
+    assert int(((cos - 0.8).abs() < 0.02).sum()) > 200  # many neighbours near the threshold
 
 
 def test_anchor_counts_by_bitmap_equal_unique(monkeypatch):

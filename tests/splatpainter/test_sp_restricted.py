@@ -240,7 +240,7 @@ def test_faint_normals_turned_region_by_region_equal_the_all_pairs_call():
     trusted = torch.rand(n, generator=g) > 0.7
     log_scales = torch.randn(n, 3, generator=g) - 5
     ref = orient_by_neighbours(normals, means, trusted, log_scales)
-    got = orient_faint_locally(normals, means, trusted, log_scales, chunk=200)
+    got = orient_faint_locally(normals, means, trusted, log_scales)
     assert int((ref != normals).any(1).sum()) > 100  # the test turns many
     assert torch.equal(got, ref)
 
