@@ -429,3 +429,41 @@ def test_a_column_major_segment_mean_is_the_plain_one_bit_for_bit():
         (segment_mean(build(ps), seg, 80) * torch.arange(15.0)).sum().backward()
         grads.append(torch.cat([p.grad for p in ps], -1))
     assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("propagate", [False, True])
+def test_the_head_by_parts_is_its_first_layer_on_the_concatenated_row(propagate):
+    """`Stage2Editor._head_hidden` (voxel tokens projected once per voxel, the edit's stats and
+    hint as a bias, one product for each Gaussian's own columns) against the head's first layer
+    on the rows it stands for, [voxel token, own..., stats, hint, walk], with and without the
+    walk's columns; gradients reach every weight and input the same way."""
+    from splatpainter.model.editor import load_editor
+    from splatpainter.model.hypotheses import EDIT_STATS_DIM
+    from splatpainter.model.stage2 import EDIT_HINTS
+
+    torch.manual_seed(0)
+    if propagate:
+        editor = load_editor().stage2
+    else:
+        editor = EditorModel.initial(small_config()).stage2
+    c = editor.config
+    n, v = 500, 40
+    xb = torch.randn(v, c.dim, requires_grad=True)
+    gv = torch.randint(0, v, (n,))
+    per_gauss = editor.voxel_sig.in_features
+    own = [torch.randn(n, w, requires_grad=True) for w in (c.gauss_feat_dim, 3, 3, per_gauss)]
+    stats = torch.randn(EDIT_STATS_DIM, requires_grad=True)
+    hint = torch.nn.functional.one_hot(torch.tensor(2), len(EDIT_HINTS)).float()
+    walk = torch.randn(n, c.prop_channels, requires_grad=True) if propagate else None
+    parts = [xb[gv], *own, stats.expand(n, -1), hint.expand(n, -1)]
+    want = editor.head.fc1(torch.cat(parts if walk is None else [*parts, walk], -1))
+    got = editor._head_hidden(xb, gv, own, stats, hint, walk)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    leaves = [editor.head.fc1.weight, editor.head.fc1.bias, xb, *own, stats]
+    if walk is not None:
+        leaves.append(walk)
+    g = torch.randn_like(want)
+    grads_want = torch.autograd.grad(want, leaves, g)
+    grads_got = torch.autograd.grad(got, leaves, g)
+    for a, b in zip(grads_got, grads_want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -447,12 +447,20 @@ class Propagation(nn.Module):
         seen_weight: torch.Tensor,
         normals: torch.Tensor,
         colors: torch.Tensor,
+        seed_rows: torch.Tensor | None = None,
     ) -> PreparedWalk:
-        """Everything a walk of any length needs (see `forward` for the arguments)."""
+        """Everything a walk of any length needs (see `forward` for the arguments; seed_rows:
+        the Gaussians with seen weight, when seed_inputs holds their rows alone)."""
         points = graph.points
         u = self.embed(nodes)
         conf = 1.0 - torch.exp(-seen_weight.clamp_min(0) / self.conf_weight)
-        seeds = self.seed(seed_inputs) * (seen_weight > 0).to(u.dtype)[:, None]
+        if seed_rows is None:
+            seed_rows = (seen_weight > 0).nonzero().squeeze(1)
+            seed_inputs = seed_inputs[seed_rows]
+        # an unseen Gaussian holds no seed (of a million, a stroke sees some thousands)
+        seeds = u.new_zeros(u.shape[0], self.channels).index_copy(
+            0, seed_rows, self.seed(seed_inputs).to(u.dtype)
+        )
         spacing = graph.fine_spacing().clamp_min(1e-9)
         # coarse level: seeds pooled to the nearest anchor
         a = graph.anchors

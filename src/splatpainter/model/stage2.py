@@ -32,6 +32,7 @@ edited image equals the render, and then every delta is exactly zero.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -432,13 +433,17 @@ class Stage2Editor(nn.Module):
         if graph is None:
             raise ValueError("this editor propagates over the asset's graph: the latent has none")
         sig = s.signals
-        seen_delta = cand[:, 0]
-        agree = (cand[:, 1:] - seen_delta[:, None]).abs().amax(-1)  # [N, 2]
+        # only the Gaussians with in-mask weight seed the walk: their seed inputs alone
+        seen = (sig.in_mask_weight > 0).nonzero().squeeze(1)
+        c = cand[seen]
+        agree = (c[:, 1:] - c[:, :1]).abs().amax(-1)  # [S, 2]
         hint = self._told(s).to(cand)
-        seed_in = torch.cat([per_gauss, agree, hint.expand(cand.shape[0], -1)], -1)
+        seed_in = torch.cat([per_gauss[seen], agree, hint.expand(seen.numel(), -1)], -1)
         nodes = torch.cat([s.latent.gauss_feat, s.colors, normals, graph.attrs.to(cand)], -1)
         prop = self.propagation
-        prep = prop.prepare(graph, nodes, seed_in, sig.in_mask_weight, normals, s.colors.detach())
+        prep = prop.prepare(
+            graph, nodes, seed_in, sig.in_mask_weight, normals, s.colors.detach(), seed_rows=seen
+        )
         return functools.partial(prop.walk, prep)
 
     def _walk(self, s: EditSample, cand, per_gauss, normals) -> torch.Tensor:
@@ -512,22 +517,11 @@ class Stage2Editor(nn.Module):
         tokens xb [V, dim], its per-Gaussian inputs and the walk's channels (or None)."""
         c = self.config
         stats, per_gauss, normals = inputs.stats, inputs.per_gauss, inputs.normals
-        vox = s.latent.vox
-        n = s.colors.shape[0]
         hint = self._told(s).to(xb)
-        parts = [
-            xb[vox.gauss_voxel],
-            s.latent.gauss_feat,
-            s.colors,
-            normals,
-            per_gauss,
-            stats.expand(n, -1),
-            hint.expand(n, -1),
-        ]
-        if walk is not None:
-            parts.append(walk)
-        z = torch.cat(parts, dim=-1)
-        y = self.head(z)
+        own = [s.latent.gauss_feat, s.colors, normals, per_gauss]  # each Gaussian's own inputs
+        y = self.head.fc2(
+            F.gelu(self._head_hidden(xb, s.latent.vox.gauss_voxel, own, stats, hint, walk))
+        )
         evidence = s.signals.evidence(c.evidence_tau).to(y.dtype)
         # Edit weights below gate_floor are exactly zero: where the network is confident a
         # Gaussian is not part of the edit, it keeps its bits (and is not written back).
@@ -563,6 +557,23 @@ class Stage2Editor(nn.Module):
         rest_map = eye + gate[:, None, None] * (mixed - eye)
         return {"rgb": rgb, "sh_dc": rgb / SH_C0, "rest_map": rest_map, "gate": gate,
                 "mix": mix, "evidence": evidence}  # fmt: skip
+
+    def _head_hidden(self, xb, gauss_voxel, own, stats, hint, walk) -> torch.Tensor:
+        """The head's first layer on its input row [voxel token, own..., stats, hint, walk] of
+        every Gaussian, computed by parts: the voxel tokens' share once per voxel (then taken
+        per Gaussian), the edit's (stats, hint) once as a bias, and one product for the columns
+        that are each Gaussian's own.  The same function as the layer on the concatenated rows
+        (to float rounding) without building them: 154 floats a Gaussian, most of the head's
+        time at a million Gaussians."""
+        w, b = self.head.fc1.weight, self.head.fc1.bias
+        d = xb.shape[-1]
+        widths = [d, *(t.shape[-1] for t in own), stats.shape[-1], hint.shape[-1]]
+        cut = list(itertools.accumulate(widths))  # where each part's columns end
+        const = torch.cat([stats, hint]) @ w[:, cut[-3] : cut[-1]].T + b
+        mine = torch.cat(own if walk is None else [*own, walk], -1)
+        cols = torch.cat([w[:, d : cut[-3]], w[:, cut[-1] :]], 1)  # (no walk: none after hint)
+        per_voxel = xb @ w[:, :d].T + const
+        return torch.addmm(per_voxel[gauss_voxel], mine, cols.T)
 
     def _second_pass(
         self, s: EditSample, gate: torch.Tensor, mix: torch.Tensor, stats: torch.Tensor
