@@ -33,24 +33,38 @@ CONSTRAINTS="$VENV/etc/constraints.txt"
 { cat constraints/cpu.txt | grep -v '^torch=='; echo "torch==$TV"; } > "$CONSTRAINTS.tmp"
 mv "$CONSTRAINTS.tmp" "$CONSTRAINTS"
 
-# The browser editor's WebGL viewport library (the PlayCanvas engine), from the pinned lockfile
-# src/splatpainter/web/package-lock.json into src/splatpainter/web/node_modules, which
-# `splatpainter serve` serves locally. Skipped when the lockfile has not changed since the last
-# install (stamp). Without node/npm the editor falls back to server-rendered frames.
-WEBDIR=src/splatpainter/web
-NPM_STAMP="$WEBDIR/node_modules/.splatpainter-npm-stamp"
-NPM_WANT="$(sha256sum "$WEBDIR/package-lock.json" | cut -c1-16)"
-if [ -f "$NPM_STAMP" ] && grep -qxF "$NPM_WANT" "$NPM_STAMP"; then
-    echo "[setup] web viewport library up to date ($WEBDIR/node_modules)"
-elif ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-    echo "[setup] NOTE: node and npm are not installed, so the browser editor's WebGL viewport" \
-        "library is not either; \`splatpainter serve\` then shows server-rendered frames, and" \
-        "the browser tests of the viewport skip. Install node >= 18 with npm and rerun this."
-else
-    echo "[setup] installing the web viewport library (npm ci, $WEBDIR/package-lock.json)"
-    (cd "$WEBDIR" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
-    echo "$NPM_WANT" > "$NPM_STAMP"
-fi
+# npm packages from a pinned lockfile DIR/package-lock.json into DIR/node_modules (npm ci, no
+# install scripts), skipped when the lockfile has not changed since the last install (stamp).
+#   npm_install DIR WHAT WITHOUT   (WITHOUT: what happens when node/npm are missing)
+npm_install() {
+    local dir="$1" what="$2" without="$3"
+    local stamp="$dir/node_modules/.splatpainter-npm-stamp"
+    local want
+    want="$(sha256sum "$dir/package-lock.json" | cut -c1-16)"
+    if [ -f "$stamp" ] && grep -qxF "$want" "$stamp"; then
+        echo "[setup] $what up to date ($dir/node_modules)"
+    elif ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+        echo "[setup] NOTE: node and npm are not installed, so $what is not either; $without." \
+            "Install node >= 18 with npm and rerun this."
+    else
+        echo "[setup] installing $what (npm ci, $dir/package-lock.json)"
+        (cd "$dir" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
+        echo "$want" > "$stamp"
+    fi
+}
+
+# The browser editor's WebGL viewport library (the PlayCanvas engine), which `splatpainter
+# serve` serves locally. Without node/npm the editor falls back to server-rendered frames.
+npm_install src/splatpainter/web "the browser editor's WebGL viewport library" \
+    "\`splatpainter serve\` then shows server-rendered frames, and the browser tests of the viewport skip"
+# With the tests: the reference tool the format tests run (@playcanvas/splat-transform; it
+# asks for node >= 22 and runs the tests' conversions on node 20).
+case ",$EXTRAS," in
+*,dev,*)
+    npm_install tests/tools "the format tests' reference tool (splat-transform)" \
+        "the test that runs it skips"
+    ;;
+esac
 
 # Skip the (slow) pip resolve when nothing that drives it has changed.
 STAMP="$VENV/.setup-stamp"

@@ -439,15 +439,19 @@ def test_spz_and_compressed_ply_fuzz():
 
 
 # ------------------------------------------------------------------ the reference CLI (optional)
+# installed from tests/tools/package-lock.json by scripts/setup.sh (the dev extra) where npm is
+REFERENCE_CLI = Path(__file__).resolve().parents[1] / "tools/node_modules/.bin/splat-transform"
+
+
 def _reference_cli() -> str | None:
-    tool = os.environ.get("SPLAT_TRANSFORM", "/tmp/st/node_modules/.bin/splat-transform")
+    tool = os.environ.get("SPLAT_TRANSFORM", str(REFERENCE_CLI))
     return tool if shutil.which("node") and Path(tool).exists() else None
 
 
 @pytest.mark.skipif(
     _reference_cli() is None,
-    reason="needs node and splat-transform (npm install @playcanvas/splat-transform@3.7.0 in "
-    "/tmp/st, or set SPLAT_TRANSFORM to its CLI)",
+    reason="needs node and splat-transform (bash scripts/setup.sh dev installs it into "
+    "tests/tools where npm exists, or set SPLAT_TRANSFORM to its CLI)",
 )
 def test_reference_cli_reads_what_we_write(tmp_path):
     src = random_asset(300, 3, seed=5)

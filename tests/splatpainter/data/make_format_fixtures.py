@@ -7,7 +7,7 @@ format's step, so quantisation is exercised as with arbitrary floats. The first 
 opacity logits of +-30 and +-40 (alpha bytes 255 / 0, which the reference decodes to +-inf).
 
 Then, with the reference CLI (``@playcanvas/splat-transform``, path in $SPLAT_TRANSFORM or
-/tmp/st/node_modules/.bin/splat-transform):
+tests/tools/node_modules/.bin/splat-transform, which scripts/setup.sh installs with the tests):
 - ``ref_{sh3,sh0}.spz`` (``--spz-version 3``) and ``ref_{sh3,sh0}.compressed.ply``;
 - their decodes back to PLY: ``ref_*.compressed.ply.ply.gz`` and ``ref_sh0.spz.ply.gz`` (the
   SH degree 3 .spz decode is left out for size: ``ours_sh3_v3.spz`` covers that decoder);
@@ -34,7 +34,10 @@ from splatpainter.assets.gaussians import SH_C0, GaussianAsset
 from splatpainter.io import read_ply, write_ply, write_spz
 
 OUT = Path(__file__).with_name("formats")
-TOOL = os.environ.get("SPLAT_TRANSFORM", "/tmp/st/node_modules/.bin/splat-transform")
+TOOL = os.environ.get(
+    "SPLAT_TRANSFORM",
+    str(Path(__file__).resolve().parents[2] / "tools/node_modules/.bin/splat-transform"),
+)
 POSITION_GRID, GRID = 2.0**-16, 2.0**-12  # 16x finer than .spz steps, so nothing aligns
 
 
