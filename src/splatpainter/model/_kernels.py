@@ -29,6 +29,14 @@ import torch
 from numba import njit, prange
 
 
+def _f32(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().to(torch.float32).contiguous().numpy()
+
+
+def _f64(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().double().contiguous().numpy()
+
+
 @njit(cache=True, inline="always")
 def _keep_nearest(d, j, best_d, best_j, kept, k):  # pragma: no cover
     """Insert (d, j) into the k best so far (best_d, best_j, `kept` of them) in (distance,
@@ -79,9 +87,9 @@ def nearest_in_balls(
     ball (ball b: flat[starts[b] : starts[b] + sizes[b]], indices into candidates), nearest
     first by exact float64 distance, ties to the lower index; -1 where a ball has fewer."""
     out = _nearest_in_balls(
-        points.detach().cpu().double().contiguous().numpy(),
+        _f64(points),
         row_ball.cpu().long().contiguous().numpy(),
-        candidates.detach().cpu().double().contiguous().numpy(),
+        _f64(candidates),
         starts.cpu().long().contiguous().numpy(),
         sizes.cpu().long().contiguous().numpy(),
         flat.cpu().long().contiguous().numpy(),
@@ -138,16 +146,12 @@ def sheet_flips(
     neighbours `near` [R, k] (indices into the Gaussians; -1: none), in float64.  One pass per
     row instead of torch's [R, k, 3] gathers (1.4 s of the 1M cold open; this 0.1 s).  The
     tests check it against `sheet_vote` on float64 tensors, bit for bit."""
-
-    def f64(t: torch.Tensor) -> np.ndarray:
-        return t.detach().cpu().double().contiguous().numpy()
-
     flips = _sheet_flips(
         rows.cpu().long().contiguous().numpy(),
         near.cpu().long().contiguous().numpy(),
-        f64(normals),
-        f64(means),
-        f64(log_scales.detach().double().exp().amin(-1)),
+        _f64(normals),
+        _f64(means),
+        _f64(log_scales.detach().double().exp().amin(-1)),
     )
     return torch.from_numpy(flips).to(rows.device)
 
@@ -196,10 +200,6 @@ def _unmasked_voxel_sums(
     for t in range(n_thr):
         out += acc[t]
     return out
-
-
-def _f32(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().to(torch.float32).contiguous().numpy()
 
 
 def unmasked_voxel_sums(
@@ -270,7 +270,7 @@ def occupied_cells(points: torch.Tensor, lo: torch.Tensor, cell: float, g: int) 
     """How many cells of the cubic grid of side `cell` from `lo` (g per axis, coordinates
     clamped into it) the points [N, 3] occupy: the same cells as torch's
     ((p - lo) / cell).floor().long().clamp(0, g - 1) in float64."""
-    p = points.detach().cpu().double().contiguous().numpy()
+    p = _f64(points)
     return int(_occupied_cells(p, lo.detach().cpu().double().numpy(), float(cell), int(g)))
 
 
