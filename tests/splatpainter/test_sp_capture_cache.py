@@ -402,7 +402,7 @@ def test_the_head_in_chunks_equals_the_full_forward(recolour_setup, kind):
     assert int((deltas[0]["rgb"] != 0).any(-1).sum()) > asset.num_gaussians // 2
     for rows in (4096, 5000, asset.num_gaussians):
         got, got_fast = chunked_forward(model.stage2, sample, state["fast"], rows)
-        for k in ("rgb", "rest_map", "gate"):
+        for k in ("rgb", "rest_map", "gate", "mix"):
             assert torch.equal(got[k], deltas[0][k]), (rows, k)
         for a, b in zip(got_fast, fast, strict=True):
             assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("w0", "w1", "w2"))

@@ -187,3 +187,28 @@ def test_bad_input_is_a_one_line_error(files, tmp_path, case, expect):
     assert len(lines) == 1 and expect in lines[0], r.output
     assert "Traceback" not in r.output
     assert not (tmp_path / "o.ply").exists()
+
+
+def test_auto_says_how_it_read_the_edit(files, tmp_path):
+    """Under --kind auto the report names the kind the model took the edit for, with the
+    hypotheses' shares and how many moved Gaussians the edited pixels do not show: a whole
+    view recoloured reads as a recolour that reaches the unseen side; a given kind has no
+    reading."""
+    d, asset, cam = files
+    img = render(asset, cam).rgb.clamp(0, 1).numpy()
+    write_png(img[..., [1, 2, 0]] * 0.9 + 0.05, tmp_path / "recoloured.png")
+    args = [d / "asset.ply", "--view", d / "cam.json", "--image", tmp_path / "recoloured.png"]
+    r = run(*args, "--out", tmp_path / "auto.ply", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    reading = got["reading"]
+    assert reading["read_as"] == "recolor" and reading["shares"]["recolor"] > 0.5
+    assert abs(sum(reading["shares"].values()) - 1) < 1e-3
+    assert reading["moved_gaussians"] == got["changed_gaussians"]
+    assert 0 < reading["moved_beyond_the_mask"] < reading["moved_gaussians"]
+    r = run(*args, "--out", tmp_path / "auto.ply")
+    assert r.exit_code == 0, r.output
+    assert "read as recolor (paint " in r.output and "pass --kind paint" in r.output
+    r = run(*args, "--kind", "recolor", "--out", tmp_path / "told.ply", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["reading"] is None

@@ -431,3 +431,20 @@ def test_serve_opens_the_command_line_asset_and_prints_its_url(asset_file, tmp_p
         with urllib.request.urlopen(req, timeout=120) as r:
             info = json.load(r)
         assert info["name"] == "small.ply" and info["num_gaussians"] == 1500
+
+
+def test_apply_under_auto_answers_how_the_model_read_it(client):
+    """The apply answer carries the model's reading under kind "auto" (the kind it took the
+    edit for, the shares, what it moved beyond the mask), and none for a given kind or
+    another method."""
+    sid = new_session(client)
+    base = frame(client, sid)
+    r = apply(client, sid, base[..., [1, 2, 0]], method="model", kind="auto")
+    assert r.status_code == 200, r.text
+    reading = r.json()["reading"]
+    assert reading["read_as"] in ("paint", "recolor", "relight")
+    assert abs(sum(reading["shares"].values()) - 1) < 1e-3
+    assert reading["moved_gaussians"] == r.json()["history"][1]["changed_gaussians"]
+    for method, kind in (("model", "recolor"), ("backproject", "auto")):
+        r = apply(client, sid, painted(frame(client, sid)), method=method, kind=kind)
+        assert r.status_code == 200 and r.json()["reading"] is None, r.text

@@ -131,6 +131,7 @@ def edit(
         with status(f"saving the session {session}"):
             sess.save(session)
     changed = int((sess.history[-1].asset.sh != sess.history[-2].asset.sh).flatten(1).any(1).sum())
+    reading = getattr(sess.method, "reading", None) if kind == "auto" else None
     result = {
         "method": method,
         "edit": len(sess.history) - 1,
@@ -140,6 +141,7 @@ def edit(
         "out": str(out),
         "session": None if session is None else str(session),
         "notes": notes,
+        "reading": reading,  # how --kind auto read the edit (None: a kind was given)
     }
     if json_out:
         print_json(result)
@@ -148,3 +150,18 @@ def edit(
         f"{method}: edit {result['edit']} applied in {result['seconds']:.2f} s, "
         f"{changed} of {result['num_gaussians']} Gaussians changed -> {out}"
     )
+    if reading is not None:
+        typer.echo(describe_reading(reading))
+
+
+def describe_reading(reading: dict) -> str:
+    """One line on how `--kind auto` read an edit, with the way to say otherwise."""
+    shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in reading["shares"].items())
+    line = (
+        f"read as {reading['read_as']} ({shares} of the edit's weight); "
+        f"{reading['moved_beyond_the_mask']} of the {reading['moved_gaussians']} Gaussians it "
+        "moved lie outside what the edited pixels show"
+    )
+    if reading["read_as"] != "paint" and reading["moved_beyond_the_mask"] > 0:
+        line += "; for a stroke meant to stay where it was painted, pass --kind paint"
+    return line

@@ -22,7 +22,13 @@ from splatpainter.edit.views import EditView
 from splatpainter.model import restricted
 from splatpainter.model.restricted import can_restrict, chunked_forward, local_forward
 from splatpainter.model.stage1 import Stage1Latent
-from splatpainter.model.stage2 import EDIT_HINTS, EditSample, SignalSettings, hint_maps
+from splatpainter.model.stage2 import (
+    EDIT_HINTS,
+    EditSample,
+    SignalSettings,
+    edit_reading,
+    hint_maps,
+)
 from splatpainter.model.ttt import FastWeights
 
 
@@ -203,6 +209,13 @@ def apply_color_delta(
     return asset.replace(sh=sh)
 
 
+def moved(before, after) -> torch.Tensor:
+    """[N] bool: the Gaussians whose colours (any SH band) `after` changed."""
+    if after is before:
+        return torch.zeros(before.num_gaussians, dtype=torch.bool, device=before.sh.device)
+    return (after.sh != before.sh).flatten(1).any(1)
+
+
 class ModelMethod(EditMethod):
     """The SplatPainter editor: Stage I latent (once per asset) + Stage II with TTT state.
 
@@ -210,6 +223,9 @@ class ModelMethod(EditMethod):
     refresh_latent: re-encode Stage I after every edit, so the latent sees the edited colours
     (costs one Stage I pass per edit; off by default, as in training, where the latent is the
     source asset's).
+    reading: how the model read the last edit it applied (`stage2.edit_reading`: the kind it
+    took it for, the shares, how far it moved beyond the mask; None for a local kind, which
+    moves only what the mask shows, or when nothing was asked), for the command line's report.
     """
 
     name = "model"
@@ -223,6 +239,7 @@ class ModelMethod(EditMethod):
         self.model = model.eval()
         self.kind = kind
         self.refresh_latent = bool(refresh_latent)
+        self.reading: dict[str, Any] | None = None
 
     def initial_state(self, asset) -> dict[str, Any]:
         latent = self.model.encode_asset(asset)
@@ -256,10 +273,12 @@ class ModelMethod(EditMethod):
             background=self.background,
             settings=self.model.stage2.config.signal_settings(),
         )
+        self.reading = None
         if float(sample.signals.evidence(self.model.stage2.config.evidence_tau)) == 0.0:
             # Nothing seen or nothing changed: every delta would be exactly zero; the fast
             # weights stay as they were too.
             return asset, state
+        seen = sample.signals.in_mask_weight > 0
         if can_restrict(self.model.stage2, sample):
             # A local kind moves only touched Gaussians: Stage II runs on them and the part of
             # the graph they depend on (model/restricted.py; the same numbers as the full pass).
@@ -270,9 +289,12 @@ class ModelMethod(EditMethod):
             # at once at 1M); the same numbers as the full pass.
             delta, fast = chunked_forward(self.model.stage2, sample, state["fast"])
             out = apply_color_delta(asset, delta["rgb"], delta["rest_map"])
+            self.reading = edit_reading(delta["gate"], delta["mix"], seen, moved(asset, out))
         else:
             deltas, fast = self.model.stage2([sample], state["fast"])
-            out = apply_color_delta(asset, deltas[0]["rgb"], deltas[0]["rest_map"])
+            d = deltas[0]
+            out = apply_color_delta(asset, d["rgb"], d["rest_map"])
+            self.reading = edit_reading(d["gate"], d["mix"], seen, moved(asset, out))
         if self.refresh_latent:
             latent = self.model.encode_asset(out)
         return out, {"fast": [f.detach() for f in fast], "latent": latent}

@@ -325,7 +325,7 @@ def chunked_forward(
             walk = walker(again.reach_steps)
         out, new_state = head_chunks(full.centred(s.signals) if again.centred else full, walk)
         clock("stage2_second_pass")
-    return {k: out[k] for k in ("rgb", "rest_map", "gate")}, new_state
+    return {k: out[k] for k in ("rgb", "rest_map", "gate", "mix")}, new_state
 
 
 class _Once(nn.Module):

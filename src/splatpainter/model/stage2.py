@@ -607,12 +607,39 @@ class SecondPass(NamedTuple):
     centred: bool  # the seen Gaussians' own change is the solve centred on the map
 
 
-def recolor_share(gate: torch.Tensor, mix: torch.Tensor) -> float:
-    """The share of an edit's weight (gate [N]) that the affine recolour carries (mix
-    [N, NUM_HYPOTHESES], its column 1); 0 where nothing moves."""
+def hypothesis_shares(gate: torch.Tensor, mix: torch.Tensor) -> list[float]:
+    """The shares of an edit's weight (gate [N]) that each hypothesis carries (mix
+    [N, NUM_HYPOTHESES]): the seen change, the affine recolour, the relight; zeros where nothing
+    moves."""
     gate, mix = gate.detach(), mix.detach()  # a decision, not a function to differentiate
     total = float(gate.sum())
-    return float((gate * mix[:, 1]).sum()) / total if total > 0 else 0.0
+    if total <= 0:
+        return [0.0] * mix.shape[1]
+    return [float(v) / total for v in (gate[:, None] * mix).sum(0)]
+
+
+def recolor_share(gate: torch.Tensor, mix: torch.Tensor) -> float:
+    """The share of an edit's weight that the affine recolour carries (`hypothesis_shares`)."""
+    return hypothesis_shares(gate, mix)[1]
+
+
+READINGS = ("paint", "recolor", "relight")  # what each hypothesis carrying an edit reads as
+
+
+def edit_reading(
+    gate: torch.Tensor, mix: torch.Tensor, seen: torch.Tensor, moved: torch.Tensor
+) -> dict:
+    """How the editor read one edit under a hint that leaves the kind open: as the kind whose
+    hypothesis carries most of its weight (the seen change: paint, a local change; the affine
+    map: a recolour; the shading: a relight), with every share, and how many of the Gaussians
+    it moved (moved [N] bool) no edit view's mask covers (seen [N] bool: those it covers)."""
+    shares = hypothesis_shares(gate, mix)
+    return {
+        "read_as": READINGS[max(range(len(shares)), key=shares.__getitem__)],
+        "shares": dict(zip(READINGS, (round(v, 4) for v in shares), strict=True)),
+        "moved_gaussians": int(moved.sum()),
+        "moved_beyond_the_mask": int((moved & ~seen).sum()),
+    }
 
 
 def _committed(w: torch.Tensor, floor: float, training: bool, renormalise: bool) -> torch.Tensor:

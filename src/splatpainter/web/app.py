@@ -523,7 +523,8 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
         """JSON: revision, view (orbit parameters), image (PNG data URL of the edited view),
         optional mask (PNG data URL, white = edit), method, kind, label, selection_only.  An
         edit that changes no Gaussian adds no history entry (`changed` is false).  Hidden
-        Gaussians keep their bits, and with `selection_only` so do the unselected ones."""
+        Gaussians keep their bits, and with `selection_only` so do the unselected ones.  The
+        answer's `reading` says how the model read an edit of kind "auto" (`edit_reading`)."""
         store.get(sid)  # 404 before reading a large body
         data = await read_json(request, APPLY_BODY_LIMIT)
         revision = take_revision(data)
@@ -555,6 +556,8 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
                 decode_data_url(data["mask"], "mask"), view.width, view.height, "mask", "L"
             )
 
+        read: list = []  # how the model read the edit under "auto" (`ModelMethod.reading`)
+
         def run(live) -> bool:
             from splatpainter.edit import EditView
 
@@ -567,6 +570,7 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
             if only and (live.selection is None or not bool(live.selection.any())):
                 raise WebInputError("selection_only: nothing is selected")
             s.apply(EditView(cam, image, mask, name="web"), text, method=m)
+            read.append(getattr(m, "reading", None) if kind == "auto" else None)
             limited = visible_only(before, s.asset, live.selection if only else None)
             if limited is not s.asset:  # the other Gaussians keep their bits
                 s.entries[s.index].asset = limited
@@ -575,6 +579,7 @@ def create_app(config: ServerConfig, backend: EditorBackend | None = None) -> Fa
         t0 = time.perf_counter()
         info = await run_in_threadpool(store.mutate, sid, f"applying ({method})", run, revision)
         info["seconds"] = round(time.perf_counter() - t0, 3)
+        info["reading"] = read[0] if read else None
         return info
 
     async def _history_action(

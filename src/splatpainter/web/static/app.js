@@ -792,7 +792,8 @@ async function applyEdit() {
       status(`the edit changed no Gaussian (${body.method}); nothing was added to the history`);
     } else {
       const last = info.history[info.index];
-      const as = body.method === "model" && body.kind !== $("kind").value ? ` as ${body.kind} (brush strokes)` : "";
+      const as = body.method === "model" && body.kind !== $("kind").value ? ` as ${body.kind} (brush strokes)`
+        : info.reading ? ` (read as ${info.reading.read_as}; choose a Kind to say otherwise)` : "";
       status(`applied with ${body.method}${as} in ${info.seconds.toFixed(2)} s: ${last.changed_gaussians} Gaussians changed`);
     }
   } catch (e) {
