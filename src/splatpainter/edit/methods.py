@@ -225,7 +225,8 @@ class ModelMethod(EditMethod):
     source asset's).
     reading: how the model read the last edit it applied (`stage2.edit_reading`: the kind it
     took it for, the shares, how far it moved beyond the mask; None for a local kind, which
-    moves only what the mask shows, or when nothing was asked), for the command line's report.
+    moves only what the mask shows, or when nothing was asked), for the command line's and the
+    browser's report.
     """
 
     name = "model"

@@ -144,7 +144,8 @@ def sheet_flips(
 ) -> torch.Tensor:
     """[R] bool: which normals of `rows` [R] `hypotheses.sheet_vote` turns, given each one's
     neighbours `near` [R, k] (indices into the Gaussians; -1: none), in float64.  One pass per
-    row instead of torch's [R, k, 3] gathers (1.4 s of the 1M cold open; this 0.1 s).  The
+    row instead of torch's [R, k, 3] gathers (about 0.6 s of the 1M cold open; this 0.17 s
+    with its conversions).  The
     tests check it against `sheet_vote` on float64 tensors, bit for bit."""
     flips = _sheet_flips(
         rows.cpu().long().contiguous().numpy(),
