@@ -384,7 +384,8 @@ def test_a_recolour_read_as_one_runs_the_head_again_centred_on_its_map():
     inp = centring.stage2._gaussian_inputs(sample)
     first = plain.stage2([sample], plain.stage2.init_state())[0][0]
     again = centring.stage2._second_pass(sample, first["gate"], first["mix"], inp.stats)
-    assert again is not None and again.centred and again.reach_steps is None
+    assert again is not None and again.centre == "affine" and again.reach_steps is None
+    assert not again.whole_asset
     assert plain.stage2._second_pass(sample, first["gate"], first["mix"], inp.stats) is None
     out = centring.stage2([sample], centring.stage2.init_state())[0][0]
     seen = sig.in_mask_weight > 0
@@ -435,3 +436,56 @@ def test_an_untold_hint_reads_as_auto_and_still_rules_its_hypotheses_out():
     assert not torch.equal(edit("relight")["gate"], auto["gate"])
     with pytest.raises(ValueError, match="untold_hints"):
         small_config(untold_hints=["sharpen"])
+
+
+@torch.no_grad()
+def test_a_relight_read_as_one_opens_every_gate_and_centres_on_the_shading():
+    """Stage2Config.relight_share: when the shading carries that share of the edit's weight,
+    the head runs again with every gate at the edit's evidence and each seen Gaussian's own
+    change the solve centred on the shading; the mix is the first pass's, and the chunked
+    forward agrees.  A local hint never takes the second pass."""
+    from splatpainter.model.restricted import chunked_forward
+
+    sample, model, _ = _centred_editor_pair(relight_share=1e-6)
+    s2 = model.stage2.eval()
+    out = s2([sample], s2.init_state())[0][0]
+    s2.config.relight_share = 0.0
+    s2.config.centre_map_fit = 0.0  # nor a recolour's centring: the first pass alone
+    first = s2([sample], s2.init_state())[0][0]
+    s2.config.relight_share, s2.config.centre_map_fit = 1e-6, 1e9
+    inp = s2._gaussian_inputs(sample)
+    again = s2._second_pass(sample, first["gate"], first["mix"], inp.stats)
+    assert again is not None and again.whole_asset and again.centre == "shading"
+    assert bool((first["gate"] < first["evidence"]).any())  # the first pass left some closed
+    assert torch.equal(out["gate"], torch.full_like(out["gate"], float(first["evidence"])))
+    assert torch.equal(out["mix"], first["mix"])
+    centred = again.inputs(inp, sample.signals)
+    seen = sample.signals.in_mask_weight > 0
+    assert torch.equal(centred.cand[seen, 0], sample.signals.solved_shading[seen])
+    assert torch.equal(centred.cand[:, 1:], inp.cand[:, 1:]) and centred.whole_asset
+    chunked, _ = chunked_forward(s2, sample, s2.init_state(), 700)
+    for k in ("rgb", "rest_map", "gate"):
+        assert torch.allclose(chunked[k], out[k], atol=1e-6), k
+    paint = dataclasses.replace(sample, hint="paint")
+    assert s2._second_pass(paint, first["gate"], first["mix"], inp.stats) is None
+
+
+@torch.no_grad()
+def test_seen_corrections_scale_the_free_correction_by_the_seen_changes_weight():
+    """Stage2Config.seen_corrections: rgb = gate (sum_k mix_k cand_k + mix_0 corr), with corr
+    the correction the same weights give without it, so a Gaussian whose mix takes only a
+    map takes that map exactly."""
+    sample, _, model = _centred_editor_pair()  # the editor that never centres
+    s2 = model.stage2.eval()
+    plain = s2([sample], s2.init_state())[0][0]
+    s2.config.seen_corrections = True
+    exact = s2([sample], s2.init_state())[0][0]
+    assert torch.equal(exact["gate"], plain["gate"]) and torch.equal(exact["mix"], plain["mix"])
+    gate, mix = plain["gate"], plain["mix"]
+    maps = (mix[..., None] * s2._gaussian_inputs(sample).cand).sum(1)
+    open_ = gate > 0
+    corr = plain["rgb"][open_] / gate[open_, None] - maps[open_]
+    assert float(corr.abs().max()) > 1e-3  # the untrained head corrects
+    want = gate[open_, None] * (maps[open_] + mix[open_, :1] * corr)
+    assert torch.allclose(exact["rgb"][open_], want, atol=1e-6)
+    assert torch.equal(exact["rgb"][~open_], torch.zeros_like(exact["rgb"][~open_]))

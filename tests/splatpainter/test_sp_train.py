@@ -366,10 +366,14 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
         "reach",
         "centred",
         "untold",
+        "exact",
     ]
-    # phase 8's weights, walking further, centred on the recolour's map, relights untold
-    assert all(p.config.optim.steps == 0 for p in cfg.phases[-3:])
+    # phase 8's weights, walking further, centred on the recolour's map, relights untold, maps
+    # exact and relights committed
+    assert all(p.config.optim.steps == 0 for p in cfg.phases[-4:])
     assert cfg.phases[-1].config.model.stage2.untold_hints == ("relight",)
+    assert cfg.phases[-1].config.model.stage2.seen_corrections
+    assert cfg.phases[-1].config.model.stage2.relight_share == 0.8
     assert cfg.phases[-1].config.model.stage2.prop_reach_steps == 96
     assert cfg.phases[-1].config.model.stage2.map_solves
     assert cfg.phases[-1].config.loss.unseen_gate_bce > 0

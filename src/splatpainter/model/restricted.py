@@ -279,8 +279,8 @@ def chunked_forward(
     tokens and walk, and whose blocks (voxel attention, TTT update) run once, for the first
     chunk: their inputs are the voxels and views, the same for every chunk.  Whether a
     recolour walks again, further (Stage2Config.prop_reach_steps), or is centred on its map
-    (map_solves), is decided over every Gaussian's gate and mix, as the full forward decides
-    it."""
+    (map_solves), and whether a relight opens every gate (relight_share), is decided over
+    every Gaussian's gate and mix, as the full forward decides it."""
     clock = _Clock(timings)
     rows_per_chunk = rows_per_chunk or HEAD_ROWS
     full = editor._gaussian_inputs(s)
@@ -323,7 +323,7 @@ def chunked_forward(
     if again is not None:
         if again.reach_steps is not None:
             walk = walker(again.reach_steps)
-        out, new_state = head_chunks(full.centred(s.signals) if again.centred else full, walk)
+        out, new_state = head_chunks(again.inputs(full, s.signals), walk)
         clock("stage2_second_pass")
     return {k: out[k] for k in ("rgb", "rest_map", "gate", "mix")}, new_state
 

@@ -177,6 +177,18 @@ class Stage2Config:
     # edits, the relight hint's inputs cost 1.2-1.4 dB against "auto" on relights whose truth
     # its shading map is.
     untold_hints: tuple[str, ...] = ()
+    # Corrections on the seen change only (inference; off: as the weights were trained): the
+    # free correction applies in proportion to the weight of the seen Gaussians' own change in
+    # a Gaussian's mix, so a Gaussian that takes a colour map takes it exactly (around the map
+    # of a global recolour or a relight, which is the whole edit, the corrections only added
+    # error), and a paint stroke keeps its corrections.
+    seen_corrections: bool = False
+    # Relight commitment (inference; 0: off): when the shading carries at least this share of
+    # a non-local edit's weight, the edit is read as a relight, which changes the light on the
+    # whole asset: the head runs again with every gate open and (map_solves) the seen
+    # Gaussians' own change the solve centred on the shading, as phase 10 centres a recolour
+    # on its map.
+    relight_share: float = limited(0.0, ge=0, le=1)
 
     def __post_init__(self) -> None:
         check_limits(self, "stage2")  # before the checks below divide by these
@@ -271,18 +283,21 @@ class GaussianInputs(NamedTuple):
     per_gauss: torch.Tensor  # [N, F] signals, candidates and colour-bin statistics
     normals: torch.Tensor  # [N, 3]
     rest: torch.Tensor  # [N or rows, NUM_HYPOTHESES, 3, 3] the SH bands' maps
+    whole_asset: bool = False  # every gate open: the edit reaches every Gaussian (a relight)
 
     def rows(self, idx: torch.Tensor, rest_too: bool = True) -> GaussianInputs:
         """These inputs at the Gaussians idx (the band maps too unless already taken there)."""
         return GaussianInputs(
             self.cand[idx], self.stats, self.per_gauss[idx], self.normals[idx],
-            self.rest[idx] if rest_too else self.rest,
+            self.rest[idx] if rest_too else self.rest, self.whole_asset,
         )  # fmt: skip
 
-    def centred(self, sig: GaussianSignals) -> GaussianInputs:
+    def centred(self, sig: GaussianSignals, on: str = "affine") -> GaussianInputs:
         """These inputs with each seen Gaussian's own change (hypothesis 0) the solve centred
-        on the affine recolour (Stage2Config.map_solves); the features stay as they were."""
-        own = with_seen_solve(self.cand[:, 0], sig.in_mask_weight, sig.solved_affine)
+        on the affine recolour or (on="shading") the shading (Stage2Config.map_solves); the
+        features stay as they were."""
+        solved = sig.solved_shading if on == "shading" else sig.solved_affine
+        own = with_seen_solve(self.cand[:, 0], sig.in_mask_weight, solved)
         return self._replace(cand=torch.cat([own[:, None], self.cand[:, 1:]], 1))
 
 
@@ -503,10 +518,10 @@ class Stage2Editor(nn.Module):
             walk = None if walker is None else walker()
             d = self._head(s, x[b], inp, walk)
             again = self._second_pass(s, d["gate"], d["mix"], inp.stats)
-            if again is not None:  # a recolour: further, or centred on its map (Stage2Config)
+            if again is not None:  # a recolour or a relight read as one (Stage2Config)
                 if again.reach_steps is not None:
                     walk = walker(again.reach_steps)
-                d = self._head(s, x[b], inp.centred(s.signals) if again.centred else inp, walk)
+                d = self._head(s, x[b], again.inputs(inp, s.signals), walk)
             out.append(d)
         return out, new_state
 
@@ -529,7 +544,9 @@ class Stage2Editor(nn.Module):
         soft = torch.sigmoid(y[:, 0])
         top = 1 - f if c.commit > 0 else 1.0  # committed: above 1 - f is exactly one
         hard = torch.clamp((soft - f) / (top - f), 0.0, 1.0)
-        if self.training:  # straight-through: a gate below the floor can still learn to open
+        if inputs.whole_asset:  # a relight read as one (Stage2Config.relight_share)
+            hard = torch.ones_like(hard)
+        elif self.training:  # straight-through: a gate below the floor can still learn to open
             hard = hard + (soft - soft.detach())
         gate = evidence * hard
         if s.hint in LOCAL_HINTS:  # only what a masked pixel shows may move; the rest
@@ -550,6 +567,8 @@ class Stage2Editor(nn.Module):
             mix = _committed(mix, c.commit, self.training, renormalise=True)
             corr = _committed(corr, c.commit, self.training, renormalise=False)
         corr = c.correction_scale * corr
+        if c.seen_corrections:  # a map the Gaussian takes applies exactly
+            corr = corr * mix[:, :1]
         rgb = gate[:, None] * ((mix[..., None] * inputs.cand).sum(1) + corr)
         # The view-dependent bands follow the chosen hypotheses' maps (identity: unchanged).
         eye = torch.eye(3, dtype=rgb.dtype, device=rgb.device)
@@ -580,13 +599,18 @@ class Stage2Editor(nn.Module):
     ) -> SecondPass | None:
         """How the head runs again when the first pass (its gate [N] and mix
         [N, NUM_HYPOTHESES] over every Gaussian, the edit's stats) reads a non-local edit as a
-        recolour: the walk further (Stage2Config.prop_reach_steps / prop_reach_share) and the
-        seen Gaussians centred on the map (map_solves / centre_share / centre_map_fit); None:
-        the first pass stands."""
+        relight (Stage2Config.relight_share: every gate open, the seen Gaussians centred on
+        the shading) or as a recolour: the walk further (prop_reach_steps / prop_reach_share)
+        and the seen Gaussians centred on the map (map_solves / centre_share /
+        centre_map_fit); None: the first pass stands."""
         c = self.config
         if self.training or s.hint in LOCAL_HINTS:  # only masked Gaussians move: nothing to do
             return None
-        share = recolor_share(gate, mix)
+        shares = hypothesis_shares(gate, mix)
+        if c.relight_share > 0 and shares[2] >= c.relight_share:
+            on = "shading" if c.map_solves and s.signals.solved_shading is not None else None
+            return SecondPass(None, on, whole_asset=True)
+        share = shares[1]
         steps = None
         if c.prop_reach_steps > 0 and self.propagation is not None and share >= c.prop_reach_share:
             steps = c.prop_reach_steps
@@ -597,14 +621,25 @@ class Stage2Editor(nn.Module):
             and share >= c.centre_share
             and map_explains
         )
-        return None if steps is None and not centred else SecondPass(steps, centred)
+        if steps is None and not centred:
+            return None
+        return SecondPass(steps, "affine" if centred else None)
 
 
 class SecondPass(NamedTuple):
-    """How the head runs again on a recolour (`Stage2Editor._second_pass`)."""
+    """How the head runs again on a recolour or a relight (`Stage2Editor._second_pass`)."""
 
     reach_steps: int | None  # the walk's coarse steps; None: the first walk
-    centred: bool  # the seen Gaussians' own change is the solve centred on the map
+    # the map ("affine", "shading") whose centred solve is the seen Gaussians' own change;
+    # None: the plain solve
+    centre: str | None
+    whole_asset: bool = False  # every gate open
+
+    def inputs(self, inputs: GaussianInputs, sig: GaussianSignals) -> GaussianInputs:
+        """The head's inputs for this pass, from the first pass's."""
+        if self.centre is not None:
+            inputs = inputs.centred(sig, self.centre)
+        return inputs._replace(whole_asset=self.whole_asset)
 
 
 def hypothesis_shares(gate: torch.Tensor, mix: torch.Tensor) -> list[float]:
