@@ -71,8 +71,8 @@ def _walk_inputs(model, asset, seen: torch.Tensor, level: float):
     )
     sample = _sample(model, asset, sig)
     s2 = model.stage2
-    cand, _, per_gauss, normals, _ = s2._gaussian_inputs(sample)
-    return s2, sample, cand, per_gauss, normals
+    inp = s2._gaussian_inputs(sample)
+    return s2, sample, inp.cand, inp.per_gauss, inp.normals
 
 
 def _random_walk_editor(seed: int, anchors: int) -> EditorModel:
