@@ -287,9 +287,9 @@ class GaussianInputs(NamedTuple):
 
     def rows(self, idx: torch.Tensor, rest_too: bool = True) -> GaussianInputs:
         """These inputs at the Gaussians idx (the band maps too unless already taken there)."""
-        return GaussianInputs(
-            self.cand[idx], self.stats, self.per_gauss[idx], self.normals[idx],
-            self.rest[idx] if rest_too else self.rest, self.whole_asset,
+        return self._replace(
+            cand=self.cand[idx], per_gauss=self.per_gauss[idx], normals=self.normals[idx],
+            rest=self.rest[idx] if rest_too else self.rest,
         )  # fmt: skip
 
     def centred(self, sig: GaussianSignals, on: str = "affine") -> GaussianInputs:
