@@ -471,6 +471,37 @@ def test_a_relight_read_as_one_opens_every_gate_and_centres_on_the_shading():
 
 
 @torch.no_grad()
+def test_a_relight_its_shading_explains_takes_exactly_the_shading_everywhere():
+    """Stage2Config.relight_fit: a relight read as one whose shading fits the seen change
+    (rmse below relight_fit of the mean residual) puts every Gaussian, seen ones too, exactly
+    on the shading candidate at the edit's evidence, its bands on the shading's map; a fit
+    above that bound keeps the solve centred on the shading, as relight_fit = 0 does."""
+    from splatpainter.model.restricted import chunked_forward
+
+    sample, model, _ = _centred_editor_pair(relight_share=1e-6, seen_corrections=True)
+    s2 = model.stage2.eval()
+    inp = s2._gaussian_inputs(sample)
+    centred = s2([sample], s2.init_state())[0][0]
+    ratio = float(inp.stats[2]) / float(inp.stats[3])
+    g, m = centred["gate"], centred["mix"]
+    for fit, exact in ((0.0, False), (ratio * 0.999, False), (ratio * 1.001, True)):
+        s2.config.relight_fit = fit
+        again = s2._second_pass(sample, g, m, inp.stats)
+        assert again is not None and again.whole_asset and again.shading_only == exact
+        assert again.centre == (None if exact else "shading")
+    out = s2([sample], s2.init_state())[0][0]
+    assert torch.equal(out["gate"], centred["gate"])
+    assert torch.equal(out["mix"], torch.tensor([0.0, 0.0, 1.0]).expand_as(out["mix"]))
+    assert torch.equal(out["rgb"], out["gate"][:, None] * inp.cand[:, 2])
+    assert torch.allclose(out["rest_map"][:, 0, 0] - 1, out["gate"] * (inp.rest[:, 2, 0, 0] - 1))
+    seen = sample.signals.in_mask_weight > 0
+    assert not torch.equal(out["rgb"][seen], centred["rgb"][seen])
+    chunked, _ = chunked_forward(s2, sample, s2.init_state(), 700)
+    for k in ("rgb", "rest_map", "gate"):
+        assert torch.allclose(chunked[k], out[k], atol=1e-6), k
+
+
+@torch.no_grad()
 def test_seen_corrections_scale_the_free_correction_by_the_seen_changes_weight():
     """Stage2Config.seen_corrections: rgb = gate (sum_k mix_k cand_k + mix_0 corr), with corr
     the correction the same weights give without it, so a Gaussian whose mix takes only a

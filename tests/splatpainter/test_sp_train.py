@@ -367,10 +367,12 @@ def test_shipped_weights_are_the_last_phase_of_the_kept_config():
         "centred",
         "untold",
         "exact",
+        "shading",
     ]
     # phase 8's weights, walking further, centred on the recolour's map, relights untold, maps
-    # exact and relights committed
-    assert all(p.config.optim.steps == 0 for p in cfg.phases[-4:])
+    # exact, relights committed and a relight its shading explains applied as exactly that
+    assert all(p.config.optim.steps == 0 for p in cfg.phases[-5:])
+    assert cfg.phases[-1].config.model.stage2.relight_fit == 0.36
     assert cfg.phases[-1].config.model.stage2.untold_hints == ("relight",)
     assert cfg.phases[-1].config.model.stage2.seen_corrections
     assert cfg.phases[-1].config.model.stage2.relight_share == 0.8

@@ -175,6 +175,7 @@ PHASE_STAGE2_KEYS = (
     "solve_iters", "solve_prior_px", "fit_maps", "map_solves", "centre_share", "centre_map_fit",
     "propagate", "seen_prior_px", "map_prior", "commit", "prop_coarse_steps", "prop_fine_steps",
     "prop_reach_steps", "prop_reach_share", "untold_hints", "seen_corrections", "relight_share",
+    "relight_fit",
 )  # fmt: skip
 PHASE_KEYS = ("name", "data", "optim", "loss", "stage2")
 
