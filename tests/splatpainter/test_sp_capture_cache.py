@@ -120,6 +120,40 @@ def test_nearest_in_balls_of_the_kernel_equals_the_torch_reference():
     assert bool((got == -1).any()) and bool((got[:, 0] >= 0).all())
 
 
+def test_edge_inputs_of_the_kernel_equal_the_torch_edge_mlp():
+    """`EdgeAffinity.from_indices` (the compiled `_kernels.edge_inputs`) against `forward` on
+    inputs torch gathers, including coincident ends (the distance's clamp) and a -1 end
+    (torch's wrap-around indexing); and `Propagation._affinity` takes it only at inference."""
+    from splatpainter.model.propagate import EdgeAffinity, Propagation, edge_geometry
+
+    g = torch.Generator().manual_seed(7)
+    n, r, k, e = 500, 300, 9, 16
+    torch.manual_seed(0)
+    edge = EdgeAffinity(e, 32, 3)
+    u = torch.randn(n, e, generator=g)
+    points = torch.rand(n, 3, generator=g)
+    points[1] = points[0]
+    normals = torch.nn.functional.normalize(torch.randn(n, 3, generator=g), dim=-1)
+    colors = torch.rand(n, 3, generator=g)
+    src = torch.randint(0, n, (r,), generator=g)
+    dst = torch.randint(0, n, (r, k), generator=g)
+    src[0], dst[0, 0], dst[0, 1], dst[1, 2] = 0, 1, 0, -1
+    spacing = torch.tensor(0.03)
+    geo = edge_geometry(
+        points[src][:, None], points[dst], normals[src][:, None], normals[dst],
+        colors[src][:, None], colors[dst], spacing,
+    )  # fmt: skip
+    with torch.no_grad():
+        want = edge(u[src][:, None].expand(-1, k, -1), u[dst], geo)
+        got = edge.from_indices(u, points, normals, colors, src, dst, 0.03)
+        fused = Propagation._affinity(edge, u, points, normals, colors, src, dst, spacing)
+    assert got.shape == (r, k, 3) and torch.allclose(got, want, rtol=0, atol=1e-6)
+    assert torch.equal(fused, got)
+    with torch.enable_grad():  # training: the differentiable torch path
+        trained = Propagation._affinity(edge, u, points, normals, colors, src, dst, spacing)
+    assert trained.requires_grad and torch.allclose(trained, want, rtol=0, atol=1e-6)
+
+
 def test_sheet_flips_of_the_kernel_equal_sheet_vote_in_float64():
     """Which faint normals their neighbours turn: the kernel against `hypotheses.sheet_vote` on
     float64 tensors, bit for bit, on sheets whose neighbours straddle both of the rule's

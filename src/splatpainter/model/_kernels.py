@@ -18,6 +18,12 @@ summed per voxel over the Gaussians no edit view's mask covers, in one pass: for
 inputs are the recolour's and the relight's candidate changes, the colour bin's statistics
 and the seen weight, and a local edit at a million Gaussians needs only their voxel sums
 (model/restricted.py).  Its reference is the torch path itself; tests check the two agree.
+
+`edge_inputs` makes the learned propagation's edge-MLP inputs (`propagate.EdgeAffinity`: the
+two ends' embeddings' product and difference, `propagate.edge_geometry`) from the edges' end
+indices in one pass, where torch gathered each end's rows and wrote ten temporaries of them
+(the inputs were half of a 1M paint edit's walk).  Its reference is the torch path; tests check
+the two agree.
 """
 
 from __future__ import annotations
@@ -155,6 +161,56 @@ def sheet_flips(
         _f64(log_scales.detach().double().exp().amin(-1)),
     )
     return torch.from_numpy(flips).to(rows.device)
+
+
+@njit(parallel=True, cache=True)
+def _edge_inputs(u, points, normals, colors, src, dst, spacing):  # pragma: no cover
+    r, k = dst.shape
+    e = u.shape[1]
+    out = np.empty((r, k, 2 * e + 5), dtype=np.float32)
+    for t in prange(r):
+        i = src[t]
+        for c in range(k):
+            j = dst[t, c]
+            x = out[t, c]
+            for q in range(e):
+                x[q] = u[i, q] * u[j, q]
+                x[e + q] = abs(u[i, q] - u[j, q])
+            dx = points[j, 0] - points[i, 0]
+            dy = points[j, 1] - points[i, 1]
+            dz = points[j, 2] - points[i, 2]
+            dist = max(np.float32(math.sqrt(dx * dx + dy * dy + dz * dz)), np.float32(1e-12))
+            cos = normals[i, 0] * normals[j, 0] + normals[i, 1] * normals[j, 1]
+            cos += normals[i, 2] * normals[j, 2]
+            along = dx * normals[i, 0] + dy * normals[i, 1] + dz * normals[i, 2]
+            x[2 * e] = math.log1p(dist / spacing)
+            x[2 * e + 1] = abs(cos)
+            x[2 * e + 2] = cos
+            x[2 * e + 3] = abs(along) / dist
+            x[2 * e + 4] = (
+                abs(colors[i, 0] - colors[j, 0]) + abs(colors[i, 1] - colors[j, 1])
+            ) + abs(colors[i, 2] - colors[j, 2])
+    return out
+
+
+def edge_inputs(
+    u: torch.Tensor,
+    points: torch.Tensor,
+    normals: torch.Tensor,
+    colors: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    spacing: float,
+) -> torch.Tensor:
+    """[R, k, 2E + 5] the edge MLP's inputs on the edges from the Gaussians src [R] to
+    dst [R, k] (their embeddings u [N, E], centres, normals, colours; spacing: the local
+    length unit)."""
+    out = _edge_inputs(
+        _f32(u), _f32(points), _f32(normals), _f32(colors),
+        src.cpu().long().contiguous().numpy(), dst.cpu().long().contiguous().numpy(),
+        np.float32(spacing),
+    )  # fmt: skip
+    return torch.from_numpy(out).to(u.device)
 
 
 @njit(cache=True, inline="always")

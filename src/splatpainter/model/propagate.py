@@ -223,16 +223,15 @@ class EdgeAffinity(nn.Module):
         self.mlp = MLP(2 * embed_dim + GEO_DIM, hidden, channels)
 
     def forward(self, u_i, u_j, geo) -> torch.Tensor:
-        if torch.is_grad_enabled():
-            x = torch.cat([u_i * u_j, (u_i - u_j).abs(), geo], -1)
-        else:  # the same numbers written in place, without the temporaries (a 1M paint
-            # edit's walk feeds ~1M edges, 150 MB of inputs, through here)
-            e = u_j.shape[-1]
-            x = geo.new_empty(*u_j.shape[:-1], 2 * e + geo.shape[-1])
-            torch.mul(u_i, u_j, out=x[..., :e])
-            torch.sub(u_i, u_j, out=x[..., e : 2 * e]).abs_()
-            x[..., 2 * e :] = geo
+        x = torch.cat([u_i * u_j, (u_i - u_j).abs(), geo], -1)
         return torch.sigmoid(self.mlp(x))
+
+    def from_indices(self, u, points, normals, colors, src, dst, spacing: float) -> torch.Tensor:
+        """`forward` on the edges from the Gaussians src [R] to dst [R, k] (inference), their
+        inputs made in one pass by the compiled `_kernels.edge_inputs`."""
+        from splatpainter.model._kernels import edge_inputs
+
+        return torch.sigmoid(self.mlp(edge_inputs(u, points, normals, colors, src, dst, spacing)))
 
 
 def edge_geometry(
@@ -322,7 +321,17 @@ class Propagation(nn.Module):
         post: applied to each chunk's result; need [R] bool with old [R, k, C]: a chunk with
         no row in need is taken from old (the rest are computed in the same chunks)."""
 
+        fused = (  # inference: the compiled edge inputs (EdgeAffinity.from_indices)
+            not torch.is_grad_enabled() and u.dtype == torch.float32 and u.device.type == "cpu"
+            and spacing.numel() == 1
+        )  # fmt: skip
+        if fused:
+            nodes = [t.to(torch.float32).contiguous() for t in (u, points, normals, colors)]
+
         def rows(src, dst):
+            if fused:
+                out = edge.from_indices(*nodes, src, dst, float(spacing))
+                return out if post is None else post(out)
             geo = edge_geometry(
                 points[src][:, None], points[dst], normals[src][:, None], normals[dst],
                 colors[src][:, None], colors[dst], spacing,
