@@ -331,12 +331,12 @@ class Propagation(nn.Module):
         def rows(src, dst):
             if fused:
                 out = edge.from_indices(*nodes, src, dst, float(spacing))
-                return out if post is None else post(out)
-            geo = edge_geometry(
-                points[src][:, None], points[dst], normals[src][:, None], normals[dst],
-                colors[src][:, None], colors[dst], spacing,
-            )  # fmt: skip
-            out = edge(u[src][:, None].expand(-1, dst.shape[1], -1), u[dst], geo)
+            else:
+                geo = edge_geometry(
+                    points[src][:, None], points[dst], normals[src][:, None], normals[dst],
+                    colors[src][:, None], colors[dst], spacing,
+                )  # fmt: skip
+                out = edge(u[src][:, None].expand(-1, dst.shape[1], -1), u[dst], geo)
             return out if post is None else post(out)
 
         if src.shape[0] <= AFFINITY_ROWS:
