@@ -226,6 +226,7 @@ def at_scale(args, asset, view, tiles: int) -> None:
         "kind": args.kind,
         "hint": args.hint,
         "threads": args.threads,
+        "torch_huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",
         "open_first_s": round(t_open, 2),
         "open_first_cpu_s": round(c_open, 2),
         **{f"open_{k}_s": round(v, 2) for k, v in parts.items()},
@@ -271,6 +272,8 @@ def main() -> None:
     args.hint = "auto" if args.auto else args.kind
 
     import torch
+
+    import splatpainter  # noqa: F401  (its process settings, before any large tensor: as the CLI)
 
     torch.set_num_threads(args.threads)
     try:

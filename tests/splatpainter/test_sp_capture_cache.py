@@ -317,9 +317,10 @@ def _same(a, b) -> bool:
 
 def test_recolours_with_the_affinity_cache_equal_those_without(recolour_setup, small_chunks):
     """Cold (every chunk computed), warm (the same asset: none), and after a paint edit (only
-    the chunks around the painted Gaussians): each recolour equals the uncached one bit for
-    bit, asset and fast weights.  The recolour reaches (it walks twice, the shipped reach
-    pass): one look-up per edit, the second walk on the first one's affinities."""
+    the chunks around the painted Gaussians, written into the entry's tensors in place): each
+    recolour equals the uncached one bit for bit, asset and fast weights.  The recolour
+    reaches (it walks twice, the shipped reach pass): one look-up per edit, the second walk on
+    the first one's affinities."""
     asset, model, view, paint = recolour_setup
     assert model.stage2.config.prop_reach_steps > 0
     cache = prop.AffinityCache(1 << 30)
@@ -343,9 +344,14 @@ def test_recolours_with_the_affinity_cache_equal_those_without(recolour_setup, s
     assert cache.hits == 1 and cache.misses == 1  # the restricted walk leaves the cache alone
     changed = int((painted.sh != asset.sh).any(-1).any(-1).sum())
     assert 50 < changed < asset.num_gaussians // 4
+    storage = [t.untyped_storage().data_ptr() for t in (cache._entry.up, cache._entry.fine_norm)]
     after = method.apply(painted, [view], state)
     recomputed = cache.chunks_computed - n_chunks
     assert cache.hits == 2 and 0 < recomputed < n_chunks
+    # the recomputed chunks were written into the entry's own tensors, not into a second copy
+    assert storage == [
+        t.untyped_storage().data_ptr() for t in (cache._entry.up, cache._entry.fine_norm)
+    ]
     assert _same(after, _uncached(model, painted, view, state))
     model.stage2.propagation.affinity_cache = prop.AffinityCache()
 

@@ -313,13 +313,16 @@ class Propagation(nn.Module):
 
     @staticmethod
     def _affinity(
-        edge, u, points, normals, colors, src, dst, spacing, post=None, need=None, old=None
-    ) -> torch.Tensor:
+        edge, u, points, normals, colors, src, dst, spacing, post=None, need=None, old=None,
+        in_place=False,
+    ) -> torch.Tensor:  # fmt: skip
         """[R, k, C] affinities of the edges from the Gaussians `src` [R] to `dst` [R, k], in
         chunks of AFFINITY_ROWS rows: the edge MLP's inputs and hidden layer are ~40 floats
         per edge, 2.8 GB at a million Gaussians at once (each row's result is its own).
         post: applied to each chunk's result; need [R] bool with old [R, k, C]: a chunk with
-        no row in need is taken from old (the rest are computed in the same chunks)."""
+        no row in need is taken from old (the rest are computed in the same chunks); with
+        in_place, old is the caller's to overwrite, and the recomputed chunks are written into
+        it (at a million Gaussians a second [R, k, C] beside it was the peak of an edit)."""
 
         fused = (  # inference: the compiled edge inputs (EdgeAffinity.from_indices)
             not torch.is_grad_enabled() and u.dtype == torch.float32 and u.device.type == "cpu"
@@ -348,10 +351,21 @@ class Propagation(nn.Module):
             chunks = [(*c, None, None) if need is None else c for c in zip(*pieces, strict=True)]
         if need is not None and not any(bool(n.any()) for _, _, n, _ in chunks):
             return old  # nothing to recompute: the very tensor (no copy)
-        parts = [
-            rows(s, d) if n is None or bool(n.any()) else o for s, d, n, o in chunks
-        ]  # fmt: skip
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(chunks) == 1:
+            s, d, n, o = chunks[0]
+            return rows(s, d) if n is None or bool(n.any()) else o
+        out = old if in_place and old is not None else None
+        at = 0  # each chunk written into place: a cat of them held both (+0.5 GB at 1M)
+        for s, d, n, o in chunks:
+            if out is old and n is not None and not bool(n.any()):
+                at += s.shape[0]  # (already there)
+                continue
+            part = rows(s, d) if n is None or bool(n.any()) else o
+            if out is None:
+                out = part.new_empty((src.shape[0], *part.shape[1:]))
+            out[at : at + part.shape[0]] = part
+            at += part.shape[0]
+        return out
 
     @classmethod
     def _rows_affinity(cls, edge, args, dst, spacing, rows, post=None) -> torch.Tensor:
@@ -429,13 +443,18 @@ class Propagation(nn.Module):
                 cache.hits += 1
             else:
                 cache.misses += 1
-                cache._entry = None  # free the old entry before computing the new one
+            # the entry's tensors become this call's (the cache is the only one that keeps them
+            # past an edit) and are updated in place: no second copy beside them
+            cache._entry = None
             old_up = None if e is None else e.up
             old_fine = None if e is None else e.fine_norm
-            aff_up = self._affinity(self.up_edge, *args, a[up], c_spacing, need=need_up, old=old_up)
+            del e
+            aff_up = self._affinity(
+                self.up_edge, *args, a[up], c_spacing, need=need_up, old=old_up, in_place=True
+            )
             fine = self._affinity(
                 self.fine_edge, *args, fn, spacing, post=self._normalise, need=need_fine,
-                old=old_fine,
+                old=old_fine, in_place=True,
             )  # fmt: skip
             for need in (need_up, need_fine):
                 parts = (every if need is None else need).split(AFFINITY_ROWS)

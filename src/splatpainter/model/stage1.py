@@ -531,9 +531,8 @@ class Stage1Encoder(nn.Module):
         cfg = self.config
         g = cfg.grid_size
         voxs = [voxelize(a.means, g) for a in assets]
-        x = torch.cat(
-            [self.gaussian_inputs(a, v, w) for a, v, w in zip(assets, voxs, views, strict=True)]
-        )
+        parts = [self.gaussian_inputs(a, v, w) for a, v, w in zip(assets, voxs, views, strict=True)]
+        x = parts[0] if len(parts) == 1 else torch.cat(parts)  # (one asset: no 1M-row copy)
         # Global voxel ids: assets occupy disjoint id ranges so groups never mix assets.
         offsets, lins, total = [], [], 0
         for v in voxs:
