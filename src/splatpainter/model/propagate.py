@@ -354,17 +354,17 @@ class Propagation(nn.Module):
         if len(chunks) == 1:
             s, d, n, o = chunks[0]
             return rows(s, d) if n is None or bool(n.any()) else o
-        out = old if in_place and old is not None else None
+        reuse = in_place and old is not None
+        out = old if reuse else None
         at = 0  # each chunk written into place: a cat of them held both (+0.5 GB at 1M)
         for s, d, n, o in chunks:
-            if out is old and n is not None and not bool(n.any()):
-                at += s.shape[0]  # (already there)
-                continue
-            part = rows(s, d) if n is None or bool(n.any()) else o
-            if out is None:
-                out = part.new_empty((src.shape[0], *part.shape[1:]))
-            out[at : at + part.shape[0]] = part
-            at += part.shape[0]
+            stale = n is None or bool(n.any())
+            if stale or not reuse:  # (a kept chunk of old is already in place)
+                part = rows(s, d) if stale else o
+                if out is None:
+                    out = part.new_empty((src.shape[0], *part.shape[1:]))
+                out[at : at + s.shape[0]] = part
+            at += s.shape[0]
         return out
 
     @classmethod
